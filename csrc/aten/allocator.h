@@ -1,0 +1,34 @@
+#pragma once
+#include <c10/core/CachingDeviceAllocator.h>
+
+#include <array>
+#include <mutex>
+
+namespace tpu::aten {
+
+// Storages get unique fake addresses (never dereferenced on the host; safetensors and the Hub
+// detect tied weights by pointer) and a StorageState context that owns the PJRT buffer.
+class TpuAllocator final : public c10::DeviceAllocator {
+ public:
+  c10::DataPtr allocate(size_t nbytes) override;
+  c10::DeleterFnPtr raw_deleter() const override { return nullptr; }
+  void copy_data(void* dest, const void* src, std::size_t count) const override;
+  bool initialized() override { return true; }
+  void emptyCache(c10::MempoolId_t) override {}
+  void recordStream(const c10::DataPtr&, c10::Stream) override {}
+  c10::CachingDeviceAllocator::DeviceStats getDeviceStats(c10::DeviceIndex device) override;
+  void resetAccumulatedStats(c10::DeviceIndex device) override;
+  void resetPeakStats(c10::DeviceIndex device) override;
+  std::pair<size_t, size_t> getMemoryInfo(c10::DeviceIndex device) override;
+
+  void on_free(int device, size_t nbytes);
+  static TpuAllocator& get();
+
+ private:
+  static constexpr int kMaxDevices = 64;
+  std::mutex mu_;
+  std::array<c10::CachingDeviceAllocator::DeviceStats, kMaxDevices> stats_{};
+  uint64_t next_addr_ = uint64_t{1} << 44;
+};
+
+}  // namespace tpu::aten

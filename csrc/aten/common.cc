@@ -1,0 +1,85 @@
+#include "common.h"
+
+#include <c10/util/Exception.h>
+
+namespace tpu::aten {
+
+using shlo::ElemType;
+
+bool supported_dtype(c10::ScalarType t) {
+  switch (t) {
+    case c10::kBool: case c10::kByte: case c10::kChar: case c10::kShort: case c10::kInt:
+    case c10::kLong: case c10::kHalf: case c10::kBFloat16: case c10::kFloat: case c10::kDouble:
+    case c10::kUInt16: case c10::kUInt32: case c10::kUInt64:
+      return true;
+    default:
+      return false;
+  }
+}
+
+ElemType elem_of(c10::ScalarType t) {
+  switch (t) {
+    case c10::kBool: return ElemType::Pred;
+    case c10::kByte: return ElemType::U8;
+    case c10::kChar: return ElemType::S8;
+    case c10::kShort: return ElemType::S16;
+    case c10::kInt: return ElemType::S32;
+    case c10::kLong: return ElemType::S64;
+    case c10::kHalf: return ElemType::F16;
+    case c10::kBFloat16: return ElemType::BF16;
+    case c10::kFloat: return ElemType::F32;
+    case c10::kDouble: return ElemType::F64;
+    case c10::kUInt16: return ElemType::U16;
+    case c10::kUInt32: return ElemType::U32;
+    case c10::kUInt64: return ElemType::U64;
+    default:
+      TORCH_CHECK_TYPE(false, "torch_tpu does not support dtype ", t,
+                       " on the tpu device; keep such tensors on the CPU");
+  }
+}
+
+c10::ScalarType scalar_of(ElemType t) {
+  switch (t) {
+    case ElemType::Pred: return c10::kBool;
+    case ElemType::U8: return c10::kByte;
+    case ElemType::S8: return c10::kChar;
+    case ElemType::S16: return c10::kShort;
+    case ElemType::S32: return c10::kInt;
+    case ElemType::S64: return c10::kLong;
+    case ElemType::F16: return c10::kHalf;
+    case ElemType::BF16: return c10::kBFloat16;
+    case ElemType::F32: return c10::kFloat;
+    case ElemType::F64: return c10::kDouble;
+    case ElemType::U16: return c10::kUInt16;
+    case ElemType::U32: return c10::kUInt32;
+    case ElemType::U64: return c10::kUInt64;
+  }
+  return c10::kFloat;
+}
+
+pjrt::ElementType pjrt_of(ElemType t) {
+  switch (t) {
+    case ElemType::Pred: return pjrt::ElementType::Pred;
+    case ElemType::U8: return pjrt::ElementType::U8;
+    case ElemType::S8: return pjrt::ElementType::S8;
+    case ElemType::S16: return pjrt::ElementType::S16;
+    case ElemType::S32: return pjrt::ElementType::S32;
+    case ElemType::S64: return pjrt::ElementType::S64;
+    case ElemType::F16: return pjrt::ElementType::F16;
+    case ElemType::BF16: return pjrt::ElementType::BF16;
+    case ElemType::F32: return pjrt::ElementType::F32;
+    case ElemType::F64: return pjrt::ElementType::F64;
+    case ElemType::U16: return pjrt::ElementType::U16;
+    case ElemType::U32: return pjrt::ElementType::U32;
+    case ElemType::U64: return pjrt::ElementType::U64;
+  }
+  return pjrt::ElementType::F32;
+}
+
+runtime::StorageState& state_of(const c10::Storage& s) {
+  auto* st = static_cast<runtime::StorageState*>(s.data_ptr().get_context());
+  TORCH_CHECK(st != nullptr, "torch_tpu: tensor storage was not allocated by the tpu allocator");
+  return *st;
+}
+
+}  // namespace tpu::aten

@@ -1,0 +1,273 @@
+// The boxed PrivateUse1 kernel every ATen op without an explicit tpu kernel reaches. It asks
+// PyTorch's meta function for output metadata, allocates (or resizes) the outputs, and runs the
+// op's lowering; ops without a lowering run on the CPU (counted, warned once per op, or an
+// error under TORCH_TPU_FALLBACK=error).
+#include <ATen/core/Tensor.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/native/CPUFallback.h>
+#include <ATen/native/TypeProperties.h>
+#include <c10/core/DeviceGuard.h>
+#include <torch/library.h>
+
+#include <cstdlib>
+#include <map>
+#include <mutex>
+#include <set>
+
+#include <ATen/ops/empty_strided.h>
+#include <ATen/ops/scalar_tensor.h>
+
+#include "common.h"
+#include "execute.h"
+#include "fallback.h"
+
+namespace tpu::aten {
+
+namespace {
+
+std::mutex stats_mu;
+std::map<std::string, int64_t>& fallback_counts() {
+  static auto* m = std::make_unique<std::map<std::string, int64_t>>().release();
+  return *m;
+}
+std::map<std::string, std::string>& fallback_reasons() {
+  static auto* m = std::make_unique<std::map<std::string, std::string>>().release();
+  return *m;
+}
+std::set<std::string>& warned() {
+  static auto* s = std::make_unique<std::set<std::string>>().release();
+  return *s;
+}
+
+bool fallback_is_error() {
+  const char* v = std::getenv("TORCH_TPU_FALLBACK");
+  return v && std::string(v) == "error";
+}
+
+NamedArg::Hint hint_of(const c10::TypePtr& type) {
+  c10::TypePtr t = type;
+  if (t->kind() == c10::TypeKind::OptionalType) t = t->containedTypes()[0];
+  switch (t->kind()) {
+    case c10::TypeKind::NumberType: return NamedArg::Hint::Scalar;
+    case c10::TypeKind::ScalarTypeType: return NamedArg::Hint::DType;
+    case c10::TypeKind::GeneratorType: return NamedArg::Hint::Generator;
+    case c10::TypeKind::LayoutType:
+    case c10::TypeKind::MemoryFormatType:
+    case c10::TypeKind::DeviceObjType:
+      return NamedArg::Hint::Ignore;
+    default: return NamedArg::Hint::Auto;
+  }
+}
+
+at::Tensor to_meta(const at::Tensor& t) {
+  if (!t.defined()) return t;
+  return at::empty_strided(t.sizes(), t.strides(), t.options().device(c10::kMeta));
+}
+
+c10::IValue to_meta(const c10::IValue& v) {
+  if (v.isTensor()) return to_meta(v.toTensor());
+  if (v.isTensorList()) {
+    c10::List<at::Tensor> out;
+    for (const at::Tensor& t : v.toTensorList()) out.push_back(to_meta(t));
+    return out;
+  }
+  if (v.isList()) {
+    auto l = v.toList();
+    if (l.size() > 0 && (l.get(0).isTensor() || l.get(0).isNone())) {
+      c10::List<std::optional<at::Tensor>> out;
+      for (const c10::IValue& e : v.toListRef())
+        out.push_back(e.isTensor() ? std::optional<at::Tensor>(to_meta(e.toTensor())) : std::nullopt);
+      return out;
+    }
+  }
+  if (v.isDevice() && v.toDevice().type() == kTpu) return c10::Device(c10::kMeta);
+  if (v.isGenerator()) return c10::IValue();
+  return v;
+}
+
+void visit_tensors(const c10::IValue& v, const std::function<void(const at::Tensor&)>& f) {
+  if (v.isTensor()) {
+    f(v.toTensor());
+  } else if (v.isTensorList()) {
+    for (const at::Tensor& t : v.toTensorList()) f(t);
+  } else if (v.isList()) {
+    for (const c10::IValue& e : v.toListRef())
+      if (e.isTensor()) f(e.toTensor());
+  }
+}
+
+// Returns false when the op cannot take the lowered path (the caller then falls back).
+bool run_lowered(const c10::OperatorHandle& op, const lowering::OpEntry& entry,
+                 const std::string& base, torch::jit::Stack* stack, std::string* why) {
+  const auto& schema = op.schema();
+  const auto& sargs = schema.arguments();
+  const auto& rets = schema.returns();
+  for (const auto& r : rets) {
+    if (r.type()->kind() != c10::TypeKind::TensorType) {
+      *why = "returns a non-tensor";
+      return false;
+    }
+    if (r.alias_info() && !r.alias_info()->isWrite()) {
+      *why = "returns a view";
+      return false;
+    }
+  }
+  size_t n = sargs.size();
+  auto args = torch::jit::last(*stack, n);
+
+  int device = -1;
+  bool any_unsupported = false;
+  for (const c10::IValue& v : args) {
+    visit_tensors(v, [&](const at::Tensor& t) {
+      if (!t.defined()) return;
+      if (t.device().type() == kTpu && device < 0) device = t.device().index();
+      if (!supported_dtype(t.scalar_type())) any_unsupported = true;
+    });
+    if (v.isDevice() && v.toDevice().type() == kTpu && device < 0)
+      device = v.toDevice().has_index() ? v.toDevice().index() : 0;
+  }
+  if (any_unsupported) {
+    *why = "unsupported dtype";
+    return false;
+  }
+  if (device < 0) device = 0;
+
+  // 1. Output metadata from PyTorch's meta function.
+  if (!op.hasKernelForDispatchKey(c10::DispatchKey::Meta) &&
+      !op.hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutograd)) {
+    *why = "no meta function";
+    return false;
+  }
+  torch::jit::Stack meta;
+  meta.reserve(n);
+  for (const c10::IValue& v : args) meta.push_back(to_meta(v));
+  try {
+    op.callBoxed(&meta);
+  } catch (const std::exception& e) {
+    *why = std::string("meta function failed: ") + e.what();
+    return false;
+  }
+
+  // 2. Outputs: in-place/out= returns alias an argument (resized if meta resized it);
+  //    functional returns are fresh tensors with the meta strides.
+  c10::DeviceGuard guard(c10::Device(kTpu, static_cast<c10::DeviceIndex>(device)));
+  std::vector<at::Tensor> outs;
+  for (size_t i = 0; i < rets.size(); ++i) {
+    const at::Tensor& m = meta[i].toTensor();
+    if (rets[i].alias_info()) {
+      const auto& before = rets[i].alias_info()->beforeSets();
+      at::Tensor real;
+      for (size_t j = 0; j < n; ++j) {
+        if (sargs[j].alias_info() && sargs[j].alias_info()->beforeSets() == before) {
+          real = args[j].toTensor();
+          break;
+        }
+      }
+      TORCH_INTERNAL_ASSERT(real.defined(), "torch_tpu: cannot find the argument aliased by ",
+                            schema.name(), "'s output ", i);
+      if (real.sizes() != m.sizes()) real.resize_(m.sizes());
+      if (real.strides() != m.strides() && real.numel() > 0 && real.is_contiguous() == false) {
+        *why = "out= tensor strides differ from the op's";
+        return false;
+      }
+      outs.push_back(real);
+    } else {
+      outs.push_back(at::empty_strided(m.sizes(), m.strides(),
+                                       m.options().device(c10::Device(kTpu, static_cast<c10::DeviceIndex>(device)))));
+    }
+  }
+
+  // 3. PyTorch's result type over tensor and scalar arguments (the computation dtype).
+  at::native::ResultTypeState rts{};
+  bool any = false;
+  std::vector<NamedArg> named;
+  named.reserve(n);
+  for (size_t j = 0; j < n; ++j) {
+    NamedArg a{sargs[j].name(), args[j], hint_of(sargs[j].type())};
+    bool is_out = sargs[j].is_out();
+    if (!is_out && args[j].isTensor() && args[j].toTensor().defined()) {
+      rts = at::native::update_result_type_state(args[j].toTensor(), rts);
+      any = true;
+    } else if (!is_out && a.hint == NamedArg::Hint::Scalar && args[j].isScalar()) {
+      at::Tensor w = at::scalar_tensor(args[j].toScalar(), at::TensorOptions().device(c10::kCPU).dtype(
+                                           args[j].toScalar().isFloatingPoint() ? at::kDouble
+                                           : args[j].toScalar().isBoolean()      ? at::kBool
+                                                                                 : at::kLong));
+      w.unsafeGetTensorImpl()->set_wrapped_number(true);
+      rts = at::native::update_result_type_state(w, rts);
+      any = true;
+    }
+    named.push_back(std::move(a));
+  }
+  c10::ScalarType common = any ? at::native::result_type(rts)
+                               : (outs.empty() ? c10::kFloat : outs[0].scalar_type());
+  if (!supported_dtype(common)) common = outs.empty() ? c10::kFloat : outs[0].scalar_type();
+
+  run_lowering(base, schema.overload_name(), entry, named, outs, common);
+
+  torch::jit::drop(*stack, n);
+  for (auto& o : outs) stack->push_back(std::move(o));
+  return true;
+}
+
+}  // namespace
+
+void cpu_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack, const std::string& why) {
+  const auto& on = op.schema().operator_name();
+  std::string name = on.name + (on.overload_name.empty() ? "" : "." + on.overload_name);
+  if (fallback_is_error()) {
+    TORCH_CHECK_NOT_IMPLEMENTED(false, "torch_tpu: '", name, "' has no tpu lowering (", why,
+                                ") and TORCH_TPU_FALLBACK=error forbids running it on the CPU. "
+                                "Unset TORCH_TPU_FALLBACK to allow the CPU fallback.");
+  }
+  bool warn = false;
+  {
+    std::lock_guard<std::mutex> lock(stats_mu);
+    fallback_counts()[name]++;
+    fallback_reasons()[name] = why;
+    warn = warned().insert(name).second;
+  }
+  if (warn) {
+    TORCH_WARN("torch_tpu: '", name, "' runs on the CPU (", why,
+               "); results are correct but each call copies its tensors to the host and back.");
+  }
+  at::native::cpu_fallback(op, stack, false);
+}
+
+std::map<std::string, int64_t> fallback_stats() {
+  std::lock_guard<std::mutex> lock(stats_mu);
+  return fallback_counts();
+}
+
+std::map<std::string, std::string> fallback_why() {
+  std::lock_guard<std::mutex> lock(stats_mu);
+  return fallback_reasons();
+}
+
+void reset_fallback_stats() {
+  std::lock_guard<std::mutex> lock(stats_mu);
+  fallback_counts().clear();
+  fallback_reasons().clear();
+}
+
+void tpu_boxed_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stack* stack) {
+  const std::string& full = op.schema().name();
+  std::string base = full.substr(full.find("::") + 2);
+  bool dunder = base.size() > 4 && base.compare(0, 2, "__") == 0;
+  if (!dunder && base.size() > 1 && base.back() == '_') base.pop_back();
+  std::string why = "no lowering";
+  if (const lowering::OpEntry* entry = lowering::find_op(base)) {
+    try {
+      if (run_lowered(op, *entry, base, stack, &why)) return;
+    } catch (const lowering::Unsupported& e) {
+      why = std::string("lowering refused: ") + e.what();
+    }
+  }
+  cpu_fallback(op, stack, why);
+}
+
+TORCH_LIBRARY_IMPL(_, PrivateUse1, m) {
+  m.fallback(torch::CppFunction::makeFromBoxedFunction<&tpu_boxed_kernel>());
+}
+
+}  // namespace tpu::aten

@@ -1,0 +1,183 @@
+// Kernels that are about storage and metadata rather than math: factories of uninitialized
+// memory, views (metadata only, no device work), resize/set_, copies between devices, reading
+// a scalar back to the host.
+#include <ATen/EmptyTensor.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/native/CPUFallback.h>
+#include <c10/core/DeviceGuard.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
+#include <torch/library.h>
+
+#include <ATen/ops/_copy_from_and_resize_native.h>
+#include <ATen/ops/_reshape_alias_native.h>
+#include <ATen/ops/as_strided_native.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/empty_strided.h>
+#include <ATen/ops/unfold_native.h>
+#include <ATen/ops/view_native.h>
+
+#include "allocator.h"
+#include "common.h"
+#include "execute.h"
+#include "runtime/compile_cache.h"
+#include "runtime/context.h"
+#include "runtime/executor.h"
+
+namespace tpu::aten {
+
+using shlo::ElemType;
+
+void resize_storage_bytes(const c10::Storage& storage, size_t newsize);
+
+namespace {
+
+c10::DeviceIndex device_index(std::optional<c10::Device> d) {
+  if (d && d->has_index()) return d->index();
+  return c10::impl::getDeviceGuardImpl(kTpu)->getDevice().index();
+}
+
+at::Tensor empty_memory_format(c10::IntArrayRef size, std::optional<c10::ScalarType> dtype,
+                               std::optional<c10::Layout>, std::optional<c10::Device> device,
+                               std::optional<bool>, std::optional<c10::MemoryFormat> mf) {
+  c10::DeviceGuard g(c10::Device(kTpu, device_index(device)));
+  return at::detail::empty_generic(size, &TpuAllocator::get(), c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
+                                   c10::dtype_or_default(dtype), mf);
+}
+
+at::Tensor empty_strided(c10::IntArrayRef size, c10::IntArrayRef stride,
+                         std::optional<c10::ScalarType> dtype, std::optional<c10::Layout>,
+                         std::optional<c10::Device> device, std::optional<bool>) {
+  c10::DeviceGuard g(c10::Device(kTpu, device_index(device)));
+  return at::detail::empty_strided_generic(size, stride, &TpuAllocator::get(),
+                                           c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
+                                           c10::dtype_or_default(dtype));
+}
+
+const at::Tensor& resize_(const at::Tensor& self, c10::SymIntArrayRef size_sym,
+                          std::optional<c10::MemoryFormat> mf) {
+  auto size = C10_AS_INTARRAYREF_SLOW(size_sym);
+  int64_t numel = 1;
+  for (int64_t s : size) {
+    TORCH_CHECK(s >= 0, "Trying to create tensor with negative dimension ", s, ": ", size);
+    numel *= s;
+  }
+  size_t need = static_cast<size_t>(self.storage_offset() + numel) * self.itemsize();
+  if (numel > 0 && need > self.storage().nbytes()) resize_storage_bytes(self.storage(), need);
+  self.unsafeGetTensorImpl()->set_sizes_contiguous(size);
+  if (mf && *mf != c10::MemoryFormat::Preserve)
+    self.unsafeGetTensorImpl()->empty_tensor_restride(*mf);
+  return self;
+}
+
+at::Tensor& set_storage(at::Tensor& self, c10::Storage src, int64_t offset, c10::IntArrayRef size,
+                        c10::IntArrayRef stride) {
+  TORCH_CHECK(src.device_type() == kTpu, "set_: expected a tpu storage, got ", src.device());
+  self.unsafeGetTensorImpl()->set_storage_keep_dtype(std::move(src));
+  self.unsafeGetTensorImpl()->set_storage_offset(offset);
+  if (stride.empty()) {
+    self.unsafeGetTensorImpl()->set_sizes_contiguous(size);
+  } else {
+    self.unsafeGetTensorImpl()->set_sizes_and_strides(size, stride);
+  }
+  return self;
+}
+
+at::Tensor& set_source_storage(at::Tensor& self, c10::Storage src) {
+  int64_t n = static_cast<int64_t>(src.nbytes()) / static_cast<int64_t>(self.itemsize());
+  return set_storage(self, std::move(src), 0, {n}, {});
+}
+
+at::Tensor& set_source_storage_offset(at::Tensor& self, c10::Storage src, c10::SymInt offset,
+                                      c10::SymIntArrayRef size, c10::SymIntArrayRef stride) {
+  return set_storage(self, std::move(src), offset.expect_int(), C10_AS_INTARRAYREF_SLOW(size),
+                     C10_AS_INTARRAYREF_SLOW(stride));
+}
+
+at::Tensor& set_source_tensor(at::Tensor& self, const at::Tensor& src) {
+  if (self.unsafeGetTensorImpl() == src.unsafeGetTensorImpl()) return self;
+  return set_storage(self, src.storage(), src.storage_offset(), src.sizes(), src.strides());
+}
+
+at::Tensor& set_empty(at::Tensor& self) {
+  c10::Storage s(c10::Storage::use_byte_size_t(), 0, &TpuAllocator::get(), true);
+  return set_storage(self, std::move(s), 0, {0}, {});
+}
+
+at::Tensor& copy_(at::Tensor& self, const at::Tensor& src, bool) {
+  copy_into(self, src);
+  return self;
+}
+
+at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool) {
+  copy_into(dst, self);
+  return dst;
+}
+
+at::Tensor copy_from_and_resize(const at::Tensor& self, const at::Tensor& dst) {
+  if (dst.numel() == 0 || dst.sizes() != self.sizes()) dst.resize_(self.sizes());
+  copy_into(dst, self);
+  return dst;
+}
+
+c10::Scalar local_scalar_dense(const at::Tensor& self) {
+  TORCH_CHECK(self.numel() == 1, "a Tensor with ", self.numel(),
+              " elements cannot be converted to Scalar");
+  at::Tensor host = at::empty({}, self.options().device(c10::kCPU));
+  copy_into(host, self.reshape({}));
+  return host.item();
+}
+
+int64_t fused_sdp_choice(const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                         const std::optional<at::Tensor>&, double, bool, std::optional<double>, bool) {
+  return 0;  // sdp::SDPBackend::math: attention decomposes into lowered matmul/softmax ops
+}
+
+}  // namespace
+
+void resize_storage_bytes(const c10::Storage& storage, size_t newsize) {
+  runtime::StorageState& old = state_of(storage);
+  c10::DeviceGuard g(c10::Device(kTpu, static_cast<c10::DeviceIndex>(old.device)));
+  c10::DataPtr fresh = TpuAllocator::get().allocate(newsize);
+  auto* st = static_cast<runtime::StorageState*>(fresh.get_context());
+  if (old.buffer) {
+    // Keep the old bytes: pad (or cut) the flat buffer to the new length, on the device.
+    int64_t w = old.elem == ElemType::Pred ? 1 : shlo::bit_width(old.elem) / 8;
+    int64_t on = static_cast<int64_t>(old.nbytes) / w, nn = static_cast<int64_t>(newsize) / w;
+    if (static_cast<int64_t>(newsize) % w == 0) {
+      shlo::Builder b;
+      shlo::Value x = b.arg(shlo::Type{old.elem, {on}});
+      shlo::Value y = nn >= on ? b.pad(x, b.zeros(shlo::Type{old.elem, {}}), {0}, {nn - on})
+                               : b.slice(x, {0}, {nn});
+      auto exe = runtime::CompileCache::get().get_or_compile(b.module({y}), "resize_", "resize");
+      auto outs = runtime::Executor::get().launch(*exe, old.device, {old.buffer->raw()}, {}, "resize_");
+      st->buffer = outs[0];
+      st->elem = old.elem;
+    } else {
+      TORCH_CHECK(false, "torch_tpu: cannot resize a storage to a size that is not a multiple of "
+                  "its element size");
+    }
+  }
+  storage.unsafeGetStorageImpl()->set_data_ptr_noswap(std::move(fresh));
+  storage.unsafeGetStorageImpl()->set_nbytes(newsize);
+}
+
+TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
+  m.impl("empty.memory_format", empty_memory_format);
+  m.impl("empty_strided", empty_strided);
+  m.impl("as_strided", at::native::as_strided_tensorimpl);
+  m.impl("view", at::native::view);
+  m.impl("_reshape_alias", at::native::_reshape_alias);
+  m.impl("unfold", at::native::unfold);
+  m.impl("resize_", resize_);
+  m.impl("set_.source_Storage", set_source_storage);
+  m.impl("set_.source_Storage_storage_offset", set_source_storage_offset);
+  m.impl("set_.source_Tensor", set_source_tensor);
+  m.impl("set_", set_empty);
+  m.impl("copy_", copy_);
+  m.impl("_copy_from", copy_from);
+  m.impl("_copy_from_and_resize", copy_from_and_resize);
+  m.impl("_local_scalar_dense", local_scalar_dense);
+  m.impl("_fused_sdp_choice", fused_sdp_choice);
+}
+
+}  // namespace tpu::aten

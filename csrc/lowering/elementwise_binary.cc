@@ -1,0 +1,387 @@
+// Binary / ternary pointwise lowerings: arithmetic, comparisons, logical and bit ops, clamp,
+// where, lerp/addcmul/addcdiv and the pointwise activation backwards.
+#include <cmath>
+
+#include "lowering.h"
+
+namespace tpu::lowering::ew {  // defined in elementwise_unary.cc
+Value k(Builder& b, double v, const Value& like);
+Value lt(Builder& b, Value x, Value y);
+Value le(Builder& b, Value x, Value y);
+Value gt(Builder& b, Value x, Value y);
+Value ge(Builder& b, Value x, Value y);
+Value eq(Builder& b, Value x, Value y);
+Value ne(Builder& b, Value x, Value y);
+Value isnan(Builder& b, Value x);
+Value isinf(Builder& b, Value x);
+Value nan_max(Builder& b, Value x, Value y);
+Value nan_min(Builder& b, Value x, Value y);
+ElemType float_type(const OpCall& c);
+Value in(Builder& b, const OpCall& c, const char* name, ElemType t);
+Value signbit(Builder& b, Value x);
+Value erf(Builder& b, Value x);
+Value tanh(Builder& b, Value x);
+Value log1p(Builder& b, Value x);
+Value sigmoid(Builder& b, Value x);
+Value trunc(Builder& b, Value x);
+}  // namespace tpu::lowering::ew
+
+namespace tpu::lowering {
+namespace {
+using namespace ew;
+
+// Computation type for arithmetic: PyTorch's common dtype, f16/bf16 widened to f32.
+ElemType arith(const OpCall& c) { return opmath(c.common); }
+Value or3(Builder& b, Value p, Value q) { return b.or_(p, q); }
+Value zero(Builder& b, const Value& like) { return b.zeros(like.type); }
+
+// a + alpha * y (alpha optional), bool arithmetic as logical or/and.
+Value add_scaled(Builder& b, const OpCall& c, Value x, Value y) {
+  ElemType t = x.elem();
+  if (c.has("alpha")) {
+    Value alpha = in(b, c, "alpha", t);
+    y = t == ElemType::Pred ? b.and_(y, alpha) : b.mul(y, alpha);
+  }
+  return t == ElemType::Pred ? b.or_(x, y) : b.add(x, y);
+}
+Value sub_scaled(Builder& b, const OpCall& c, Value x, Value y) {
+  if (x.elem() == ElemType::Pred) throw Unsupported("subtraction of bool tensors");
+  if (c.has("alpha")) y = b.mul(y, in(b, c, "alpha", x.elem()));
+  return b.sub(x, y);
+}
+
+// Python-style floor division (PyTorch div_floor_floating / div_floor_integer).
+Value floor_div(Builder& b, Value a, Value d) {
+  if (!is_float(a.elem())) {
+    Value q = b.div(a, d);
+    if (is_unsigned(a.elem())) return q;
+    Value r = b.rem(a, d);
+    Value z = zero(b, a);
+    Value adjust = b.and_(ne(b, r, z), ne(b, lt(b, r, z), lt(b, d, z)));
+    return b.select(adjust, b.sub(q, k(b, 1, q)), q);
+  }
+  Value mod = b.rem(a, d);
+  Value z = zero(b, a);
+  Value div = b.div(b.sub(a, mod), d);
+  Value adjust = b.and_(ne(b, mod, z), ne(b, lt(b, d, z), lt(b, mod, z)));
+  div = b.select(adjust, b.sub(div, k(b, 1, div)), div);
+  Value fl = b.floor(div);
+  fl = b.select(gt(b, b.sub(div, fl), k(b, 0.5, div)), b.add(fl, k(b, 1, fl)), fl);
+  Value q = b.div(a, d);
+  // div == 0: copysign(0, a / b)
+  Value signed_zero = b.select(signbit(b, q), k(b, -0.0, q), z);
+  Value r = b.select(eq(b, div, z), signed_zero, fl);
+  return b.select(eq(b, d, z), q, r);
+}
+// Python-style remainder: result has the sign of the divisor.
+Value py_rem(Builder& b, Value a, Value d) {
+  Value m = b.rem(a, d);
+  if (is_unsigned(a.elem())) return m;
+  Value z = zero(b, a);
+  Value adjust = b.and_(ne(b, m, z), ne(b, lt(b, m, z), lt(b, d, z)));
+  return b.select(adjust, b.add(m, d), m);
+}
+
+std::vector<Value> compare_op(Builder& b, const OpCall& c, Cmp dir) {
+  // Compare in the common dtype (a Python scalar is rounded to it first, like PyTorch).
+  Value x = in(b, c, "self", c.common), y = in(b, c, "other", c.common);
+  return {b.compare(dir, x, y)};
+}
+std::vector<Value> logical_op(Builder& b, const OpCall& c, const char* op) {
+  Value x = in(b, c, "self", ElemType::Pred), y = in(b, c, "other", ElemType::Pred);
+  return {b.binary(op, x, y)};
+}
+std::vector<Value> bitwise_op(Builder& b, const OpCall& c, const char* op) {
+  if (is_float(c.common)) throw Unsupported("bitwise op on a float tensor");
+  Value x = in(b, c, "self", c.common), y = in(b, c, "other", c.common);
+  return {b.binary(op, x, y)};
+}
+std::vector<Value> shift_op(Builder& b, const OpCall& c, bool left) {
+  if (!is_integral(c.common)) throw Unsupported("shift of a non-integer tensor");
+  Value x = in(b, c, "self", c.common), y = in(b, c, "other", c.common);
+  int bits = bit_width(c.common);
+  bool uns = is_unsigned(c.common);
+  Value out_of_range = b.or_(lt(b, y, zero(b, y)), ge(b, y, k(b, bits, y)));
+  if (left) return {b.select(out_of_range, zero(b, x), b.binary("shift_left", x, y))};
+  if (uns) return {b.select(out_of_range, zero(b, x), b.binary("shift_right_logical", x, y))};
+  Value amt = b.select(out_of_range, k(b, bits - 1, y), y);
+  return {b.binary("shift_right_arithmetic", x, amt)};
+}
+// Integer power via stablehlo.power, with PyTorch's results for negative exponents.
+Value int_pow(Builder& b, Value x, Value y) {
+  Value r = b.pow(x, y);
+  if (is_unsigned(x.elem())) return r;
+  Value one = k(b, 1, x), z = zero(b, x);
+  Value odd = ne(b, b.and_(y, one), z);
+  Value neg_result = b.select(eq(b, x, one), one,
+                              b.select(eq(b, x, k(b, -1, x)), b.select(odd, k(b, -1, x), one), z));
+  return b.select(lt(b, y, z), neg_result, r);
+}
+std::vector<Value> clamp_impl(Builder& b, const OpCall& c, const char* lo, const char* hi) {
+  Value x = in(b, c, "self", arith(c));
+  if (lo && c.has(lo)) x = nan_max(b, x, in(b, c, lo, x.elem()));
+  if (hi && c.has(hi)) x = nan_min(b, x, in(b, c, hi, x.elem()));
+  return {x};
+}
+
+}  // namespace
+
+// ------------------------------------------------------------------ arithmetic
+TPU_LOWER_ELEMENTWISE(add) {
+  ElemType t = arith(c);
+  return {add_scaled(b, c, in(b, c, "self", t), in(b, c, "other", t))};
+}
+TPU_LOWER_ELEMENTWISE(sub) {
+  ElemType t = arith(c);
+  return {sub_scaled(b, c, in(b, c, "self", t), in(b, c, "other", t))};
+}
+TPU_LOWER_ELEMENTWISE(rsub) {
+  ElemType t = arith(c);
+  return {sub_scaled(b, c, in(b, c, "other", t), in(b, c, "self", t))};
+}
+TPU_LOWER_ELEMENTWISE(mul) {
+  ElemType t = arith(c);
+  Value x = in(b, c, "self", t), y = in(b, c, "other", t);
+  return {t == ElemType::Pred ? b.and_(x, y) : b.mul(x, y)};
+}
+TPU_LOWER_ELEMENTWISE(div) {
+  std::string mode = c.str("rounding_mode", "");
+  if (mode.empty()) {
+    ElemType t = float_type(c);
+    return {b.div(in(b, c, "self", t), in(b, c, "other", t))};
+  }
+  ElemType t = arith(c);
+  if (t == ElemType::Pred) throw Unsupported("div with rounding_mode on bool");
+  Value x = in(b, c, "self", t), y = in(b, c, "other", t);
+  if (mode == "floor") return {floor_div(b, x, y)};
+  if (mode != "trunc") throw Unsupported("div: rounding_mode=" + mode);
+  return {is_float(t) ? ew::trunc(b, b.div(x, y)) : b.div(x, y)};
+}
+TPU_LOWER_ELEMENTWISE(floor_divide) {
+  ElemType t = arith(c);
+  if (t == ElemType::Pred) throw Unsupported("floor_divide on bool");
+  return {floor_div(b, in(b, c, "self", t), in(b, c, "other", t))};
+}
+TPU_LOWER_ELEMENTWISE(remainder) {
+  ElemType t = arith(c);
+  if (t == ElemType::Pred) throw Unsupported("remainder on bool");
+  return {py_rem(b, in(b, c, "self", t), in(b, c, "other", t))};
+}
+TPU_LOWER_ELEMENTWISE(fmod) {
+  ElemType t = arith(c);
+  if (t == ElemType::Pred) throw Unsupported("fmod on bool");
+  return {b.rem(in(b, c, "self", t), in(b, c, "other", t))};
+}
+TPU_LOWER_ELEMENTWISE(pow) {
+  ElemType t = arith(c);
+  if (t == ElemType::Pred) throw Unsupported("pow on bool");
+  Value x = in(b, c, "self", t), y = in(b, c, "exponent", t);
+  return {is_float(t) ? b.pow(x, y) : int_pow(b, x, y)};
+}
+TPU_LOWER_ELEMENTWISE(atan2) {
+  ElemType t = float_type(c);
+  return {b.binary("atan2", in(b, c, "self", t), in(b, c, "other", t))};
+}
+TPU_LOWER_ELEMENTWISE(hypot) {
+  ElemType t = float_type(c);
+  Value x = b.abs(in(b, c, "self", t)), y = b.abs(in(b, c, "other", t));
+  Value m = b.max(x, y), n = b.min(x, y);
+  Value r = b.div(n, m);
+  Value h = b.mul(m, b.sqrt(b.add(k(b, 1, r), b.mul(r, r))));
+  h = b.select(eq(b, m, zero(b, m)), zero(b, m), h);
+  h = b.select(b.or_(isnan(b, x), isnan(b, y)), k(b, NAN, h), h);
+  return {b.select(b.or_(isinf(b, x), isinf(b, y)), k(b, INFINITY, h), h)};
+}
+TPU_LOWER_ELEMENTWISE(copysign) {
+  ElemType t = float_type(c);
+  Value x = b.abs(in(b, c, "self", t)), y = in(b, c, "other", t);
+  return {b.select(signbit(b, y), b.neg(x), x)};
+}
+TPU_LOWER_ELEMENTWISE(xlogy) {
+  ElemType t = float_type(c);
+  Value x = in(b, c, "self", t), y = in(b, c, "other", t);
+  Value r = b.select(eq(b, x, zero(b, x)), zero(b, x), b.mul(x, b.log(y)));
+  return {b.select(isnan(b, y), y, r)};
+}
+TPU_LOWER_ELEMENTWISE(maximum) {
+  ElemType t = arith(c);
+  return {nan_max(b, in(b, c, "self", t), in(b, c, "other", t))};
+}
+TPU_LOWER_ELEMENTWISE(minimum) {
+  ElemType t = arith(c);
+  return {nan_min(b, in(b, c, "self", t), in(b, c, "other", t))};
+}
+TPU_LOWER_ELEMENTWISE(fmax) {
+  ElemType t = arith(c);
+  Value x = in(b, c, "self", t), y = in(b, c, "other", t);
+  return {b.select(isnan(b, x), y, b.select(isnan(b, y), x, b.max(x, y)))};
+}
+TPU_LOWER_ELEMENTWISE(fmin) {
+  ElemType t = arith(c);
+  Value x = in(b, c, "self", t), y = in(b, c, "other", t);
+  return {b.select(isnan(b, x), y, b.select(isnan(b, y), x, b.min(x, y)))};
+}
+TPU_LOWER_ELEMENTWISE(lerp) {
+  ElemType t = arith(c);
+  Value s = in(b, c, "self", t), e = in(b, c, "end", t), w = in(b, c, "weight", t);
+  Value d = b.sub(e, s);
+  Value small = b.add(s, b.mul(w, d));
+  Value large = b.sub(e, b.mul(d, b.sub(k(b, 1, w), w)));
+  return {b.select(lt(b, b.abs(w), k(b, 0.5, w)), small, large)};
+}
+TPU_LOWER_ELEMENTWISE(addcmul) {
+  ElemType t = arith(c);
+  Value v = in(b, c, "value", t);
+  Value p = t == ElemType::Pred
+                ? b.and_(b.and_(v, in(b, c, "tensor1", t)), in(b, c, "tensor2", t))
+                : b.mul(b.mul(v, in(b, c, "tensor1", t)), in(b, c, "tensor2", t));
+  Value s = in(b, c, "self", t);
+  return {t == ElemType::Pred ? b.or_(s, p) : b.add(s, p)};
+}
+TPU_LOWER_ELEMENTWISE(addcdiv) {
+  ElemType t = arith(c);
+  if (!is_float(t)) throw Unsupported("addcdiv on integer tensors");
+  Value q = b.div(b.mul(in(b, c, "value", t), in(b, c, "tensor1", t)), in(b, c, "tensor2", t));
+  return {b.add(in(b, c, "self", t), q)};
+}
+TPU_LOWER_ELEMENTWISE(where) {
+  if (!c.has("self")) throw Unsupported("where(condition) is not pointwise");
+  ElemType t = c.common;
+  Value cond = in(b, c, "condition", ElemType::Pred);
+  return {b.select(cond, in(b, c, "self", t), in(b, c, "other", t))};
+}
+TPU_LOWER_ELEMENTWISE(clamp) { return clamp_impl(b, c, "min", "max"); }
+TPU_LOWER_ELEMENTWISE(clamp_min) { return clamp_impl(b, c, "min", nullptr); }
+TPU_LOWER_ELEMENTWISE(clamp_max) { return clamp_impl(b, c, nullptr, "max"); }
+
+// ------------------------------------------------------------------ comparisons, logic, bits
+TPU_LOWER_ELEMENTWISE(eq) { return compare_op(b, c, Cmp::EQ); }
+TPU_LOWER_ELEMENTWISE(ne) { return compare_op(b, c, Cmp::NE); }
+TPU_LOWER_ELEMENTWISE(lt) { return compare_op(b, c, Cmp::LT); }
+TPU_LOWER_ELEMENTWISE(le) { return compare_op(b, c, Cmp::LE); }
+TPU_LOWER_ELEMENTWISE(gt) { return compare_op(b, c, Cmp::GT); }
+TPU_LOWER_ELEMENTWISE(ge) { return compare_op(b, c, Cmp::GE); }
+TPU_LOWER_ELEMENTWISE(logical_and) { return logical_op(b, c, "and"); }
+TPU_LOWER_ELEMENTWISE(logical_or) { return logical_op(b, c, "or"); }
+TPU_LOWER_ELEMENTWISE(logical_xor) { return logical_op(b, c, "xor"); }
+TPU_LOWER_ELEMENTWISE(bitwise_and) { return bitwise_op(b, c, "and"); }
+TPU_LOWER_ELEMENTWISE(bitwise_or) { return bitwise_op(b, c, "or"); }
+TPU_LOWER_ELEMENTWISE(bitwise_xor) { return bitwise_op(b, c, "xor"); }
+TPU_LOWER_ELEMENTWISE(bitwise_left_shift) { return shift_op(b, c, true); }
+TPU_LOWER_ELEMENTWISE(bitwise_right_shift) { return shift_op(b, c, false); }
+TPU_LOWER_ELEMENTWISE(__lshift__) { return shift_op(b, c, true); }
+TPU_LOWER_ELEMENTWISE(__rshift__) { return shift_op(b, c, false); }
+
+// ------------------------------------------------------------------ activations with scalars
+TPU_LOWER_ELEMENTWISE(threshold) {
+  ElemType t = arith(c);
+  Value x = in(b, c, "self", t);
+  return {b.select(le(b, x, in(b, c, "threshold", t)), in(b, c, "value", t), x)};
+}
+
+// ------------------------------------------------------------------ backwards
+TPU_LOWER_ELEMENTWISE(threshold_backward) {
+  ElemType t = arith(c);
+  Value g = in(b, c, "grad_output", t), x = in(b, c, "self", t);
+  return {b.select(le(b, x, in(b, c, "threshold", t)), zero(b, g), g)};
+}
+TPU_LOWER_ELEMENTWISE(sigmoid_backward) {
+  ElemType t = arith(c);
+  Value g = in(b, c, "grad_output", t), y = in(b, c, "output", t);
+  return {b.mul(b.mul(g, b.sub(k(b, 1, y), y)), y)};
+}
+TPU_LOWER_ELEMENTWISE(tanh_backward) {
+  ElemType t = arith(c);
+  Value g = in(b, c, "grad_output", t), y = in(b, c, "output", t);
+  return {b.mul(g, b.sub(k(b, 1, y), b.mul(y, y)))};
+}
+TPU_LOWER_ELEMENTWISE(gelu_backward) {
+  ElemType t = arith(c);
+  Value g = in(b, c, "grad_output", t), x = in(b, c, "self", t);
+  std::string mode = c.str("approximate", "none");
+  if (mode == "tanh") {
+    constexpr double kBeta = 0.797884560802865355879892119868763737;  // sqrt(2/pi)
+    constexpr double kKappa = 0.044715;
+    Value x2 = b.mul(x, x);
+    Value inner = b.mul(k(b, kBeta, x), b.add(x, b.mul(k(b, kKappa, x), b.mul(x2, x))));
+    Value th = tanh(b, inner);
+    Value left = b.mul(k(b, 0.5, x), x);
+    Value left_d = b.mul(k(b, 0.5, x), b.add(k(b, 1, x), th));
+    Value tanh_d = b.sub(k(b, 1, x), b.mul(th, th));
+    Value inner_d = b.mul(k(b, kBeta, x), b.add(k(b, 1, x), b.mul(k(b, 3 * kKappa, x), x2)));
+    return {b.mul(g, b.add(left_d, b.mul(b.mul(left, tanh_d), inner_d)))};
+  }
+  if (mode != "none") throw Unsupported("gelu_backward: approximate=" + mode);
+  constexpr double kAlpha = 0.707106781186547524400844362104849039;  // 1/sqrt(2)
+  constexpr double kBeta = 0.398942280401432677939946059934381868;   // 1/sqrt(2 pi)
+  Value cdf = b.mul(k(b, 0.5, x), b.add(k(b, 1, x), erf(b, b.mul(x, k(b, kAlpha, x)))));
+  Value pdf = b.mul(b.exp(b.mul(k(b, -0.5, x), b.mul(x, x))), k(b, kBeta, x));
+  return {b.mul(g, b.add(cdf, b.mul(x, pdf)))};
+}
+TPU_LOWER_ELEMENTWISE(silu_backward) {
+  ElemType t = arith(c);
+  Value g = in(b, c, "grad_output", t), x = in(b, c, "self", t);
+  Value s = sigmoid(b, x);
+  return {b.mul(b.mul(g, s), b.add(k(b, 1, x), b.mul(x, b.sub(k(b, 1, s), s))))};
+}
+TPU_LOWER_ELEMENTWISE(hardtanh_backward) {
+  ElemType t = arith(c);
+  Value g = in(b, c, "grad_output", t), x = in(b, c, "self", t);
+  Value out = or3(b, le(b, x, in(b, c, "min_val", t)), ge(b, x, in(b, c, "max_val", t)));
+  return {b.select(out, zero(b, g), g)};
+}
+TPU_LOWER_ELEMENTWISE(leaky_relu_backward) {
+  ElemType t = arith(c);
+  Value g = in(b, c, "grad_output", t), x = in(b, c, "self", t);
+  return {b.select(gt(b, x, zero(b, x)), g, b.mul(g, in(b, c, "negative_slope", t)))};
+}
+TPU_LOWER_ELEMENTWISE(elu_backward) {
+  ElemType t = arith(c);
+  Value g = in(b, c, "grad_output", t), y = in(b, c, "self_or_result", t);
+  Value negcoef = b.mul(in(b, c, "alpha", t), in(b, c, "scale", t));
+  Value poscoef = in(b, c, "scale", t), negip = in(b, c, "input_scale", t);
+  Value neg = c.bool_("is_result")
+                  ? b.mul(b.mul(g, negip), b.add(y, negcoef))
+                  : b.mul(b.mul(b.mul(g, negip), negcoef), b.exp(b.mul(y, negip)));
+  return {b.select(le(b, y, zero(b, y)), neg, b.mul(g, poscoef))};
+}
+TPU_LOWER_ELEMENTWISE(softplus_backward) {
+  ElemType t = arith(c);
+  Value g = in(b, c, "grad_output", t), x = in(b, c, "self", t);
+  Value xb = b.mul(x, in(b, c, "beta", t));
+  Value z = b.exp(xb);
+  return {b.select(gt(b, xb, in(b, c, "threshold", t)), g, b.div(b.mul(g, z), b.add(z, k(b, 1, z))))};
+}
+TPU_LOWER_ELEMENTWISE(hardsigmoid_backward) {
+  ElemType t = arith(c);
+  Value g = in(b, c, "grad_output", t), x = in(b, c, "self", t);
+  Value inside = b.and_(gt(b, x, k(b, -3, x)), lt(b, x, k(b, 3, x)));
+  return {b.select(inside, b.mul(g, k(b, 1.0 / 6.0, g)), zero(b, g))};
+}
+TPU_LOWER_ELEMENTWISE(hardswish_backward) {
+  ElemType t = arith(c);
+  Value g = in(b, c, "grad_output", t), x = in(b, c, "self", t);
+  Value mid = b.mul(g, b.add(b.div(x, k(b, 3, x)), k(b, 0.5, x)));
+  return {b.select(lt(b, x, k(b, -3, x)), zero(b, g), b.select(le(b, x, k(b, 3, x)), mid, g))};
+}
+TPU_LOWER_ELEMENTWISE(mish_backward) {
+  ElemType t = arith(c);
+  Value g = in(b, c, "grad_output", t), x = in(b, c, "self", t);
+  Value s = sigmoid(b, x);
+  Value ts = tanh(b, log1p(b, b.exp(x)));
+  return {b.mul(g, b.add(ts, b.mul(b.mul(x, s), b.sub(k(b, 1, ts), b.mul(ts, ts)))))};
+}
+TPU_LOWER_ELEMENTWISE(logit_backward) {
+  ElemType t = arith(c);
+  Value g = in(b, c, "grad_output", t), x = in(b, c, "self", t);
+  Value r = b.div(g, b.mul(x, b.sub(k(b, 1, x), x)));
+  double eps = c.has("eps") ? c.double_("eps") : -1.0;
+  if (eps < 0) {
+    Value out = b.or_(lt(b, x, zero(b, x)), gt(b, x, k(b, 1, x)));
+    return {b.select(out, k(b, NAN, r), r)};
+  }
+  Value out = b.or_(lt(b, x, k(b, eps, x)), gt(b, x, k(b, 1 - eps, x)));
+  return {b.select(out, zero(b, r), r)};
+}
+
+}  // namespace tpu::lowering

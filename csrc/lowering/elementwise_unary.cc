@@ -1,0 +1,472 @@
+// Unary pointwise lowerings (and a few pointwise activations with scalar parameters).
+// Shared math helpers (erf, expm1, NaN-aware min/max, ...) live in namespace `ew` and are also
+// used by elementwise_binary.cc.
+#include <cmath>
+#include <initializer_list>
+#include <limits>
+
+#include "lowering.h"
+
+namespace tpu::lowering::ew {
+
+// ------------------------------------------------------------------ shared helpers
+Value k(Builder& b, double v, const Value& like) { return b.constant_f(v, like.elem(), like.shape()); }
+Value lt(Builder& b, Value x, Value y) { return b.compare(Cmp::LT, x, y); }
+Value le(Builder& b, Value x, Value y) { return b.compare(Cmp::LE, x, y); }
+Value gt(Builder& b, Value x, Value y) { return b.compare(Cmp::GT, x, y); }
+Value ge(Builder& b, Value x, Value y) { return b.compare(Cmp::GE, x, y); }
+Value eq(Builder& b, Value x, Value y) { return b.compare(Cmp::EQ, x, y); }
+Value ne(Builder& b, Value x, Value y) { return b.compare(Cmp::NE, x, y); }
+Value isnan(Builder& b, Value x) {
+  return is_float(x.elem()) ? ne(b, x, x) : b.constant_i(0, ElemType::Pred, x.shape());
+}
+Value isinf(Builder& b, Value x) {
+  return is_float(x.elem()) ? eq(b, b.abs(x), k(b, INFINITY, x))
+                            : b.constant_i(0, ElemType::Pred, x.shape());
+}
+// maximum/minimum that propagate NaN from either side (PyTorch's maximum/minimum/clamp).
+Value nan_max(Builder& b, Value x, Value y) {
+  Value m = b.max(x, y);
+  if (!is_float(x.elem())) return m;
+  return b.select(isnan(b, x), x, b.select(isnan(b, y), y, m));
+}
+Value nan_min(Builder& b, Value x, Value y) {
+  Value m = b.min(x, y);
+  if (!is_float(x.elem())) return m;
+  return b.select(isnan(b, x), x, b.select(isnan(b, y), y, m));
+}
+// Horner evaluation; coefficients from the highest degree down.
+Value poly(Builder& b, Value x, std::initializer_list<double> cs) {
+  Value p = k(b, *cs.begin(), x);
+  for (auto it = cs.begin() + 1; it != cs.end(); ++it) p = b.add(b.mul(p, x), k(b, *it, x));
+  return p;
+}
+// Compute type of a floating-point op: integer/bool inputs promote to the (default) float type
+// PyTorch chose for the output.
+ElemType float_type(const OpCall& c) {
+  if (is_float(c.common)) return opmath(c.common);
+  ElemType o = out_type(c).elem;
+  return is_float(o) ? opmath(o) : ElemType::F32;
+}
+Value in(Builder& b, const OpCall& c, const char* name, ElemType t) {
+  return operand(b, c.arg(name), t, out_type(c).shape);
+}
+Value signbit(Builder& b, Value x) {
+  if (!is_float(x.elem())) return is_integral(x.elem()) && !is_unsigned(x.elem())
+                                      ? lt(b, x, b.zeros(x.type))
+                                      : b.constant_i(0, ElemType::Pred, x.shape());
+  ElemType it = bit_width(x.elem()) == 64 ? ElemType::S64
+                : bit_width(x.elem()) == 32 ? ElemType::S32 : ElemType::S16;
+  Value bits = b.bitcast(x, Type{it, x.shape()});
+  return lt(b, bits, b.zeros(bits.type));
+}
+// exp(x) - 1 without cancellation (Kahan): u = exp(x); (u - 1) * x / log(u).
+Value expm1(Builder& b, Value x) {
+  Value u = b.exp(x);
+  Value um1 = b.sub(u, k(b, 1, x));
+  Value r = b.mul(um1, b.div(x, b.log(u)));
+  r = b.select(eq(b, um1, k(b, -1, x)), um1, r);
+  r = b.select(eq(b, u, k(b, INFINITY, x)), u, r);
+  return b.select(eq(b, u, k(b, 1, x)), x, r);
+}
+// exp(-x*x) with x*x split into an exact head and a small tail (Cephes expx2 idea).
+Value exp_neg_sq(Builder& b, Value x) {
+  bool f64 = x.elem() == ElemType::F64;
+  ElemType it = f64 ? ElemType::S64 : ElemType::S32;
+  int64_t mask = f64 ? ~((int64_t{1} << 27) - 1) : ~((int64_t{1} << 12) - 1);
+  Value hi = b.bitcast(b.and_(b.bitcast(x, Type{it, x.shape()}), b.constant_i(mask, it, x.shape())),
+                       x.type);
+  Value lo = b.sub(x, hi);
+  Value tail = b.mul(lo, b.add(x, hi));  // x^2 - hi^2
+  return b.mul(b.exp(b.neg(b.mul(hi, hi))), b.exp(b.neg(tail)));
+}
+
+// Cephes-based erf/erfc (the same polynomials XLA uses), f32 or f64 compute types.
+static Value erf_small64(Builder& b, Value x) {  // |x| < 1
+  Value z = b.mul(x, x);
+  return b.div(b.mul(x, poly(b, z, {9.60497373987051638749E0, 9.00260197203842689217E1,
+                                    2.23200534594684319226E3, 7.00332514112805075473E3,
+                                    5.55923013010394962768E4})),
+               poly(b, z, {1.0, 3.35617141647503099647E1, 5.21357949780152679795E2,
+                           4.59432382970980127987E3, 2.26290000613890934246E4,
+                           4.92673942608635921086E4}));
+}
+static Value erf_small32(Builder& b, Value x) {  // |x| <= 1
+  return b.mul(x, poly(b, b.mul(x, x),
+                       {+7.853861353153693E-5, -8.010193625184903E-4, +5.188327685732524E-3,
+                        -2.685381193529856E-2, +1.128358514861418E-1, -3.761262582423300E-1,
+                        +1.128379165726710E+0}));
+}
+// erfc for |x| >= 1 (valid for any sign: negative x gives 2 - erfc(|x|)).
+static Value erfc_large(Builder& b, Value x) {
+  Value a = b.abs(x);
+  Value z = exp_neg_sq(b, a);
+  Value y;
+  if (x.elem() == ElemType::F64) {
+    Value pq = b.div(poly(b, a, {2.46196981473530512524E-10, 5.64189564831068821977E-1,
+                                 7.46321056442269912687E0, 4.86371970985681366614E1,
+                                 1.96520832956077098242E2, 5.26445194995477358631E2,
+                                 9.34528527171957607540E2, 1.02755188689515710272E3,
+                                 5.57535335369399327526E2}),
+                     poly(b, a, {1.0, 1.32281951154744992508E1, 8.67072140885989742329E1,
+                                 3.54937778887819891062E2, 9.75708501743205489753E2,
+                                 1.82390916687909736289E3, 2.24633760818710981792E3,
+                                 1.65666309194161350182E3, 5.57535340817727675546E2}));
+    Value rs = b.div(poly(b, a, {5.64189583547755073984E-1, 1.27536670759978104416E0,
+                                 5.01905042251180477414E0, 6.16021097993053585195E0,
+                                 7.40974269950448939160E0, 2.97886665372100240670E0}),
+                     poly(b, a, {1.0, 2.26052863220117276590E0, 9.39603524938001434673E0,
+                                 1.20489539808096656605E1, 1.70814450747565897222E1,
+                                 9.60896809063285878198E0, 3.36907645100081516050E0}));
+    y = b.mul(z, b.select(lt(b, a, k(b, 8, a)), pq, rs));
+  } else {
+    Value q = b.div(k(b, 1, a), a);
+    Value q2 = b.mul(q, q);
+    Value p = poly(b, q2, {+2.326819970068386E-2, -1.387039388740657E-1, +3.687424674597105E-1,
+                           -5.824733027278666E-1, +6.210004621745983E-1, -4.944515323274145E-1,
+                           +3.404879937665872E-1, -2.741127028184656E-1, +5.638259427386472E-1});
+    Value r = poly(b, q2, {-1.047766399936249E+1, +1.297719955372516E+1, -7.495518717768503E+0,
+                           +2.921019019210786E+0, -1.015265279202700E+0, +4.218463358204948E-1,
+                           -2.820767439740514E-1, +5.641895067754075E-1});
+    y = b.mul(b.mul(z, q), b.select(lt(b, a, k(b, 2, a)), p, r));
+  }
+  // Far tails: exp underflowed (and the polynomials may be inf/inf).
+  y = b.select(gt(b, a, k(b, x.elem() == ElemType::F64 ? 27.3 : 10.1, a)), k(b, 0, a), y);
+  return b.select(lt(b, x, k(b, 0, x)), b.sub(k(b, 2, x), y), y);
+}
+Value erf(Builder& b, Value x) {
+  Value r;
+  if (x.elem() == ElemType::F64) {
+    r = b.select(lt(b, b.abs(x), k(b, 1, x)), erf_small64(b, x), b.sub(k(b, 1, x), erfc_large(b, x)));
+  } else {
+    // XLA's f32 rational approximation, clamped where erf rounds to +-1.
+    constexpr double kClamp = 3.7439211627767994;
+    Value xc = b.clamp(k(b, -kClamp, x), x, k(b, kClamp, x));
+    Value x2 = b.mul(xc, xc);
+    Value num = b.mul(xc, poly(b, x2, {0.00022905065861350646, 0.0034082910107109506,
+                                       0.050955695062380861, 0.18520832239976145,
+                                       1.128379143519084}));
+    Value den = poly(b, x2, {-1.1791602954361697e-7, 0.000023547966471313185,
+                             0.0010179625278914885, 0.014070470171167667, 0.11098505178285362,
+                             0.49746925110067538, 1.0});
+    r = b.div(num, den);
+  }
+  return b.select(isnan(b, x), x, r);
+}
+Value erfc(Builder& b, Value x) {
+  Value small = x.elem() == ElemType::F64 ? erf_small64(b, x) : erf_small32(b, x);
+  Value r = b.select(lt(b, b.abs(x), k(b, 1, x)), b.sub(k(b, 1, x), small), erfc_large(b, x));
+  return b.select(isnan(b, x), x, r);
+}
+// Giles' approximation (as in XLA), with w computed from (1-x)(1+x) for accuracy near +-1.
+Value erfinv(Builder& b, Value x) {
+  Value w = b.neg(b.log(b.mul(b.sub(k(b, 1, x), x), b.add(k(b, 1, x), x))));
+  Value p;
+  if (x.elem() == ElemType::F64) {
+    Value lt625 = lt(b, w, k(b, 6.25, w)), lt16 = lt(b, w, k(b, 16, w));
+    Value sw = b.sqrt(w);
+    Value p1 = poly(b, b.sub(w, k(b, 3.125, w)),
+                    {-3.6444120640178196996e-21, -1.685059138182016589e-19, 1.2858480715256400167e-18,
+                     1.115787767802518096e-17, -1.333171662854620906e-16, 2.0972767875968561637e-17,
+                     6.6376381343583238325e-15, -4.0545662729752068639e-14, -8.1519341976054721522e-14,
+                     2.6335093153082322977e-12, -1.2975133253453532498e-11, -5.4154120542946279317e-11,
+                     1.051212273321532285e-09, -4.1126339803469836976e-09, -2.9070369957882005086e-08,
+                     4.2347877827932403518e-07, -1.3654692000834678645e-06, -1.3882523362786468719e-05,
+                     0.0001867342080340571352, -0.00074070253416626697512, -0.0060336708714301490533,
+                     0.24015818242558961693, 1.6536545626831027356});
+    Value p2 = poly(b, b.sub(sw, k(b, 3.25, w)),
+                    {2.2137376921775787049e-09, 9.0756561938885390979e-08, -2.7517406297064545428e-07,
+                     1.8239629214389227755e-08, 1.5027403968909827627e-06, -4.013867526981545969e-06,
+                     2.9234449089955446044e-06, 1.2475304481671778723e-05, -4.7318229009055733981e-05,
+                     6.8284851459573175448e-05, 2.4031110387097893999e-05, -0.0003550375203628474796,
+                     0.00095328937973738049703, -0.0016882755560235047313, 0.0024914420961078508066,
+                     -0.0037512085075692412107, 0.005370914553590063617, 1.0052589676941592334,
+                     3.0838856104922207635});
+    Value p3 = poly(b, b.sub(sw, k(b, 5.0, w)),
+                    {-2.7109920616438573243e-11, -2.5556418169965252055e-10, 1.5076572693500548083e-09,
+                     -3.7894654401267369937e-09, 7.6157012080783393804e-09, -1.4960026627149240478e-08,
+                     2.9147953450901080826e-08, -6.7711997758452339498e-08, 2.2900482228026654717e-07,
+                     -9.9298272942317002539e-07, 4.5260625972231537039e-06, -1.9681778105531670567e-05,
+                     7.5995277030017761139e-05, -0.00021503011930044477347, -0.00013871931833623122026,
+                     1.0103004648645343977, 4.8499064014085844221});
+    p = b.select(lt625, p1, b.select(lt16, p2, p3));
+  } else {
+    Value small = lt(b, w, k(b, 5, w));
+    Value p1 = poly(b, b.sub(w, k(b, 2.5, w)),
+                    {2.81022636e-08, 3.43273939e-07, -3.5233877e-06, -4.39150654e-06, 0.00021858087,
+                     -0.00125372503, -0.00417768164, 0.246640727, 1.50140941});
+    Value p2 = poly(b, b.sub(b.sqrt(w), k(b, 3, w)),
+                    {-0.000200214257, 0.000100950558, 0.00134934322, -0.00367342844, 0.00573950773,
+                     -0.0076224613, 0.00943887047, 1.00167406, 2.83297682});
+    p = b.select(small, p1, p2);
+  }
+  Value r = b.mul(p, x);
+  return b.select(eq(b, b.abs(x), k(b, 1, x)), b.mul(x, k(b, INFINITY, x)), r);
+}
+// Threshold above which exp(|x|) overflows but exp(|x|)/2 may not.
+static double exp_big(const Value& x) { return x.elem() == ElemType::F64 ? 709.0 : 88.0; }
+static Value half_exp_big(Builder& b, Value a) {  // exp(a)/2 for large a without overflow
+  Value e = b.exp(b.mul(a, k(b, 0.5, a)));
+  return b.mul(b.mul(e, k(b, 0.5, a)), e);
+}
+Value sinh(Builder& b, Value x) {
+  Value a = b.abs(x);
+  Value em1 = expm1(b, a);
+  Value r = b.mul(k(b, 0.5, a), b.add(em1, b.div(em1, b.add(em1, k(b, 1, a)))));
+  r = b.select(lt(b, a, k(b, exp_big(x), a)), r, half_exp_big(b, a));
+  return b.select(signbit(b, x), b.neg(r), r);
+}
+Value cosh(Builder& b, Value x) {
+  Value a = b.abs(x);
+  Value e = b.exp(a);
+  Value r = b.mul(k(b, 0.5, a), b.add(e, b.div(k(b, 1, a), e)));
+  return b.select(lt(b, a, k(b, exp_big(x), a)), r, half_exp_big(b, a));
+}
+Value tanh(Builder& b, Value x) {
+  // tanh(|x|) = -expm1(-2|x|) / (expm1(-2|x|) + 2): accurate everywhere, saturates to 1.
+  Value a = b.abs(x);
+  Value e = expm1(b, b.mul(a, k(b, -2, a)));
+  Value r = b.div(b.neg(e), b.add(e, k(b, 2, a)));
+  r = b.select(isnan(b, x), x, r);
+  return b.select(signbit(b, x), b.neg(r), r);
+}
+Value log1p(Builder& b, Value x) { return b.unary("log_plus_one", x); }
+Value sigmoid(Builder& b, Value x) {
+  return b.div(k(b, 1, x), b.add(k(b, 1, x), b.exp(b.neg(x))));
+}
+Value trunc(Builder& b, Value x) {
+  return b.select(lt(b, x, k(b, 0, x)), b.unary("ceil", x), b.floor(x));
+}
+
+}  // namespace tpu::lowering::ew
+
+namespace tpu::lowering {
+namespace {
+using namespace ew;
+
+constexpr double kPi = 3.14159265358979323846;
+constexpr double kLn2 = 0.693147180559945309417;
+
+Value self_f(Builder& b, const OpCall& c) { return in(b, c, "self", float_type(c)); }
+Value self_c(Builder& b, const OpCall& c) { return in(b, c, "self", opmath(c.common)); }
+Value scalar_arg(Builder& b, const OpCall& c, const char* n, const Value& like) {
+  return operand(b, c.arg(n), like.elem(), like.shape());
+}
+Value asinh_impl(Builder& b, Value x) {
+  Value a = b.abs(x);
+  Value one = k(b, 1, a);
+  Value a2 = b.mul(a, a);
+  Value r = log1p(b, b.add(a, b.div(a2, b.add(one, b.sqrt(b.add(one, a2))))));
+  double big = x.elem() == ElemType::F64 ? 268435456.0 : 4096.0;
+  r = b.select(gt(b, a, k(b, big, a)), b.add(b.log(a), k(b, kLn2, a)), r);
+  return b.select(signbit(b, x), b.neg(r), r);
+}
+Value acosh_impl(Builder& b, Value x) {
+  Value t = b.sub(x, k(b, 1, x));
+  Value r = log1p(b, b.add(t, b.sqrt(b.add(b.mul(k(b, 2, t), t), b.mul(t, t)))));
+  double big = x.elem() == ElemType::F64 ? 268435456.0 : 4096.0;
+  return b.select(gt(b, x, k(b, big, x)), b.add(b.log(x), k(b, kLn2, x)), r);
+}
+Value atanh_impl(Builder& b, Value x) {
+  Value a = b.abs(x);
+  Value r = b.mul(k(b, 0.5, a), log1p(b, b.div(b.mul(k(b, 2, a), a), b.sub(k(b, 1, a), a))));
+  return b.select(signbit(b, x), b.neg(r), r);
+}
+Value one_minus_sq(Builder& b, Value x) {  // (1 - x)(1 + x), accurate near |x| = 1
+  return b.mul(b.sub(k(b, 1, x), x), b.add(k(b, 1, x), x));
+}
+Value rounding(Builder& b, const OpCall& c, const char* op) {
+  Value x = in(b, c, "self", is_float(c.common) ? opmath(c.common) : c.common);
+  if (!is_float(x.elem())) return x;  // integral: identity
+  return b.unary(op, x);
+}
+
+}  // namespace
+
+// ---- plain float functions: x is `self` converted to the float compute type.
+#define TPU_FLOAT_UNARY(opname, ...)                  \
+  TPU_LOWER_ELEMENTWISE(opname) {                     \
+    Value x = self_f(b, c);                           \
+    return {__VA_ARGS__};                             \
+  }
+TPU_FLOAT_UNARY(exp, b.exp(x))
+TPU_FLOAT_UNARY(exp2, b.pow(k(b, 2, x), x))
+TPU_FLOAT_UNARY(expm1, expm1(b, x))
+TPU_FLOAT_UNARY(log, b.log(x))
+TPU_FLOAT_UNARY(log2, b.mul(b.log(x), k(b, 1 / kLn2, x)))
+TPU_FLOAT_UNARY(log10, b.mul(b.log(x), k(b, 0.434294481903251827651, x)))
+TPU_FLOAT_UNARY(log1p, log1p(b, x))
+TPU_FLOAT_UNARY(sqrt, b.sqrt(x))
+TPU_FLOAT_UNARY(rsqrt, b.div(k(b, 1, x), b.sqrt(x)))
+TPU_FLOAT_UNARY(reciprocal, b.div(k(b, 1, x), x))
+TPU_FLOAT_UNARY(sin, b.unary("sine", x))
+TPU_FLOAT_UNARY(cos, b.unary("cosine", x))
+TPU_FLOAT_UNARY(tan, b.unary("tan", x))
+TPU_FLOAT_UNARY(asin, b.binary("atan2", x, b.sqrt(one_minus_sq(b, x))))
+TPU_FLOAT_UNARY(acos, b.binary("atan2", b.sqrt(one_minus_sq(b, x)), x))
+TPU_FLOAT_UNARY(atan, b.binary("atan2", x, k(b, 1, x)))
+TPU_FLOAT_UNARY(sinh, sinh(b, x))
+TPU_FLOAT_UNARY(cosh, cosh(b, x))
+TPU_FLOAT_UNARY(tanh, tanh(b, x))
+TPU_FLOAT_UNARY(asinh, asinh_impl(b, x))
+TPU_FLOAT_UNARY(acosh, acosh_impl(b, x))
+TPU_FLOAT_UNARY(atanh, atanh_impl(b, x))
+TPU_FLOAT_UNARY(sigmoid, sigmoid(b, x))
+TPU_FLOAT_UNARY(erf, erf(b, x))
+TPU_FLOAT_UNARY(erfc, erfc(b, x))
+TPU_FLOAT_UNARY(erfinv, erfinv(b, x))
+TPU_FLOAT_UNARY(deg2rad, b.mul(x, k(b, kPi / 180, x)))
+TPU_FLOAT_UNARY(rad2deg, b.mul(x, k(b, 180 / kPi, x)))
+TPU_FLOAT_UNARY(angle, b.select(isnan(b, x), x, b.select(lt(b, x, k(b, 0, x)), k(b, kPi, x), k(b, 0, x))))
+TPU_FLOAT_UNARY(silu, b.div(x, b.add(k(b, 1, x), b.exp(b.neg(x)))))
+TPU_FLOAT_UNARY(mish, b.mul(x, tanh(b, log1p(b, b.exp(x)))))
+TPU_FLOAT_UNARY(hardsigmoid,
+                b.div(nan_min(b, nan_max(b, b.add(x, k(b, 3, x)), k(b, 0, x)), k(b, 6, x)), k(b, 6, x)))
+TPU_FLOAT_UNARY(hardswish, b.div(b.mul(x, nan_min(b, nan_max(b, b.add(x, k(b, 3, x)), k(b, 0, x)), k(b, 6, x))),
+                                 k(b, 6, x)))
+#undef TPU_FLOAT_UNARY
+
+TPU_LOWER_ELEMENTWISE(gelu) {
+  Value x = self_f(b, c);
+  std::string mode = c.str("approximate", "none");
+  if (mode == "tanh") {
+    constexpr double kBeta = 0.797884560802865355879892119868763737;  // sqrt(2/pi)
+    Value inner = b.mul(k(b, kBeta, x), b.add(x, b.mul(k(b, 0.044715, x), b.mul(b.mul(x, x), x))));
+    return {b.mul(b.mul(k(b, 0.5, x), x), b.add(k(b, 1, x), tanh(b, inner)))};
+  }
+  if (mode != "none") throw Unsupported("gelu: approximate=" + mode);
+  Value cdf = b.add(k(b, 1, x), erf(b, b.mul(x, k(b, 0.707106781186547524400844362104849039, x))));
+  return {b.mul(b.mul(x, k(b, 0.5, x)), cdf)};
+}
+
+TPU_LOWER_ELEMENTWISE(softplus) {
+  Value x = self_f(b, c);
+  Value beta = scalar_arg(b, c, "beta", x), thr = scalar_arg(b, c, "threshold", x);
+  Value xb = b.mul(x, beta);
+  return {b.select(gt(b, xb, thr), x, b.div(log1p(b, b.exp(xb)), beta))};
+}
+
+TPU_LOWER_ELEMENTWISE(leaky_relu) {
+  Value x = self_f(b, c);
+  Value slope = scalar_arg(b, c, "negative_slope", x);
+  return {b.select(gt(b, x, k(b, 0, x)), x, b.mul(x, slope))};
+}
+
+TPU_LOWER_ELEMENTWISE(elu) {
+  Value x = self_f(b, c);
+  Value alpha = scalar_arg(b, c, "alpha", x), scale = scalar_arg(b, c, "scale", x);
+  Value iscale = scalar_arg(b, c, "input_scale", x);
+  Value neg = b.mul(expm1(b, b.mul(x, iscale)), b.mul(alpha, scale));
+  return {b.select(le(b, x, k(b, 0, x)), neg, b.mul(x, scale))};
+}
+
+TPU_LOWER_ELEMENTWISE(hardtanh) {
+  Value x = self_c(b, c);
+  Value lo = scalar_arg(b, c, "min_val", x), hi = scalar_arg(b, c, "max_val", x);
+  return {nan_min(b, nan_max(b, x, lo), hi)};
+}
+
+TPU_LOWER_ELEMENTWISE(relu) {
+  Value x = self_c(b, c);
+  return {b.select(lt(b, x, b.zeros(x.type)), b.zeros(x.type), x)};
+}
+
+TPU_LOWER_ELEMENTWISE(logit) {
+  Value x = self_f(b, c);
+  if (c.has("eps")) {
+    double eps = c.double_("eps");
+    if (eps >= 0) x = b.clamp(k(b, eps, x), x, k(b, 1 - eps, x));  // NaN stays NaN below
+  }
+  Value r = b.log(b.div(x, b.sub(k(b, 1, x), x)));
+  if (c.has("eps")) r = b.select(isnan(b, self_f(b, c)), self_f(b, c), r);
+  return {r};
+}
+
+// ---- sign-like and rounding ops keep integer dtypes.
+static Value sign_impl(Builder& b, const OpCall& c) {
+  Value x = in(b, c, "self", is_float(c.common) ? opmath(c.common) : c.common);
+  if (x.elem() == ElemType::Pred) return x;
+  Value z = b.zeros(x.type);
+  return b.select(gt(b, x, z), k(b, 1, x), b.select(lt(b, x, z), k(b, -1, x), z));
+}
+TPU_LOWER_ELEMENTWISE(sign) { return {sign_impl(b, c)}; }
+TPU_LOWER_ELEMENTWISE(sgn) { return {sign_impl(b, c)}; }
+TPU_LOWER_ELEMENTWISE(signbit) { return {signbit(b, in(b, c, "self", c.common))}; }
+TPU_LOWER_ELEMENTWISE(floor) { return {rounding(b, c, "floor")}; }
+TPU_LOWER_ELEMENTWISE(ceil) { return {rounding(b, c, "ceil")}; }
+TPU_LOWER_ELEMENTWISE(trunc) {
+  Value x = in(b, c, "self", is_float(c.common) ? opmath(c.common) : c.common);
+  return {is_float(x.elem()) ? ew::trunc(b, x) : x};
+}
+TPU_LOWER_ELEMENTWISE(frac) {
+  Value x = in(b, c, "self", is_float(c.common) ? opmath(c.common) : c.common);
+  if (!is_float(x.elem())) throw Unsupported("frac of an integer tensor");
+  return {b.sub(x, ew::trunc(b, x))};
+}
+TPU_LOWER_ELEMENTWISE(round) {
+  Value x = in(b, c, "self", is_float(c.common) ? opmath(c.common) : c.common);
+  if (!is_float(x.elem())) return {x};
+  int64_t d = c.int_("decimals", 0);
+  if (d == 0) return {b.unary("round_nearest_even", x)};
+  Value p = k(b, std::pow(10.0, static_cast<double>(d < 0 ? -d : d)), x);
+  if (d > 0) return {b.div(b.unary("round_nearest_even", b.mul(x, p)), p)};
+  return {b.mul(b.unary("round_nearest_even", b.div(x, p)), p)};
+}
+
+// ---- integer / bool bit ops and predicates
+TPU_LOWER_ELEMENTWISE(abs) {
+  Value x = self_c(b, c);
+  if (is_unsigned(x.elem()) || x.elem() == ElemType::Pred) return {x};
+  return {b.abs(x)};
+}
+TPU_LOWER_ELEMENTWISE(neg) {
+  Value x = self_c(b, c);
+  if (is_unsigned(x.elem())) return {b.sub(b.zeros(x.type), x)};
+  if (x.elem() == ElemType::Pred) throw Unsupported("neg of bool");
+  return {b.neg(x)};
+}
+TPU_LOWER_ELEMENTWISE(bitwise_not) {
+  Value x = in(b, c, "self", c.common);
+  if (is_float(x.elem())) throw Unsupported("bitwise_not of a float tensor");
+  return {b.not_(x)};
+}
+TPU_LOWER_ELEMENTWISE(logical_not) { return {b.not_(in(b, c, "self", ElemType::Pred))}; }
+TPU_LOWER_ELEMENTWISE(isnan) { return {isnan(b, in(b, c, "self", c.common))}; }
+TPU_LOWER_ELEMENTWISE(isinf) { return {isinf(b, in(b, c, "self", c.common))}; }
+TPU_LOWER_ELEMENTWISE(isposinf) {
+  Value x = in(b, c, "self", c.common);
+  if (!is_float(x.elem())) return {b.constant_i(0, ElemType::Pred, x.shape())};
+  return {eq(b, x, k(b, INFINITY, x))};
+}
+TPU_LOWER_ELEMENTWISE(isneginf) {
+  Value x = in(b, c, "self", c.common);
+  if (!is_float(x.elem())) return {b.constant_i(0, ElemType::Pred, x.shape())};
+  return {eq(b, x, k(b, -INFINITY, x))};
+}
+TPU_LOWER_ELEMENTWISE(isfinite) {
+  Value x = in(b, c, "self", c.common);
+  if (!is_float(x.elem())) return {b.constant_i(1, ElemType::Pred, x.shape())};
+  return {b.op("is_finite", {x}, Type{ElemType::Pred, x.shape()})};
+}
+TPU_LOWER_ELEMENTWISE(nan_to_num) {
+  Value x = in(b, c, "self", c.common);  // native dtype, so the finite extremes are exact
+  if (!is_float(x.elem())) return {x};
+  double big = x.elem() == ElemType::F64   ? std::numeric_limits<double>::max()
+               : x.elem() == ElemType::F32 ? std::numeric_limits<float>::max()
+               : x.elem() == ElemType::F16 ? 65504.0
+                                           : 3.3895313892515355e38;  // bf16 max
+  Value nanv = k(b, c.double_("nan", 0.0), x);
+  Value pinf = k(b, c.has("posinf") ? c.double_("posinf") : big, x);
+  Value ninf = k(b, c.has("neginf") ? c.double_("neginf") : -big, x);
+  Value r = b.select(isnan(b, x), nanv, x);
+  r = b.select(eq(b, x, k(b, INFINITY, x)), pinf, r);
+  return {b.select(eq(b, x, k(b, -INFINITY, x)), ninf, r)};
+}
+TPU_LOWER_ELEMENTWISE(heaviside) {
+  ElemType t = opmath(c.common);
+  Value x = in(b, c, "self", t), v = in(b, c, "values", t);
+  Value z = b.zeros(x.type);
+  return {b.select(eq(b, x, z), v, b.select(gt(b, x, z), k(b, 1, x), z))};
+}
+
+}  // namespace tpu::lowering

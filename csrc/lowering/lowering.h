@@ -1,0 +1,124 @@
+// THE lowering table: ATen op (base name, e.g. "add" for add.Tensor / add_.Tensor / add.out)
+// -> a function that builds the computation with the StableHLO builder. Serves strict eager,
+// fused eager and torch.compile alike. Lowerings know nothing about PJRT or storages: inputs
+// arrive as logical values (already read through their views), outputs are returned as values
+// and written back by the caller. Output shapes/dtypes come from PyTorch's meta functions
+// (OpCall::outs); a lowering only builds the math.
+#pragma once
+#include <cstdint>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "../stablehlo/builder.h"
+
+namespace tpu::lowering {
+
+using shlo::Builder;
+using shlo::Cmp;
+using shlo::ElemType;
+using shlo::Shape;
+using shlo::Type;
+using shlo::Value;
+
+// One schema argument, already converted from an IValue.
+struct Arg {
+  enum class Kind { None, Tensor, TensorList, OptTensorList, Scalar, Int, IntList, Double, Bool, String, DType };
+  Kind kind = Kind::None;
+  Value tensor;                              // Tensor
+  std::vector<std::optional<Value>> tensors; // TensorList / OptTensorList (nullopt = None entry)
+  Value scalar;     // Scalar: a 0-d runtime operand (f64, i64 or i1) - never a constant
+  int64_t i = 0;    // Int, also MemoryFormat/Layout enums
+  std::vector<int64_t> ints;  // IntList / SymIntList
+  double d = 0;     // Double (a plain `float` schema argument, part of the cache key)
+  bool b = false;   // Bool
+  std::string s;    // String (e.g. rounding_mode, approximate, reduce)
+  ElemType dtype = ElemType::F32;  // DType (ScalarType argument)
+  bool is_none() const { return kind == Kind::None; }
+};
+
+// Raised by a lowering that cannot handle this particular call (the op then runs on the CPU
+// fallback, counted and warned like any missing op).
+struct Unsupported : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+struct OpCall {
+  std::string name;      // base name: "add", "sum", "native_layer_norm"
+  std::string overload;  // "Tensor", "dim_IntList", "out", ...
+  std::vector<std::pair<std::string, Arg>> args;  // schema order, names as in the schema
+  std::vector<Type> outs;  // logical type of each returned tensor (from PyTorch's meta)
+  ElemType common = ElemType::F32;  // PyTorch's result_type over tensor + scalar args
+
+  const Arg* find(const std::string& n) const {
+    for (const auto& [k, v] : args)
+      if (k == n) return &v;
+    return nullptr;
+  }
+  bool has(const std::string& n) const {
+    const Arg* a = find(n);
+    return a && !a->is_none();
+  }
+  const Arg& arg(const std::string& n) const {
+    const Arg* a = find(n);
+    if (!a) throw Unsupported(name + ": no argument named '" + n + "'");
+    return *a;
+  }
+  Value tensor(const std::string& n) const { return arg(n).tensor; }
+  int64_t int_(const std::string& n, int64_t dflt = 0) const { return has(n) ? arg(n).i : dflt; }
+  bool bool_(const std::string& n, bool dflt = false) const { return has(n) ? arg(n).b : dflt; }
+  double double_(const std::string& n, double dflt = 0) const { return has(n) ? arg(n).d : dflt; }
+  std::string str(const std::string& n, std::string dflt = "") const { return has(n) ? arg(n).s : dflt; }
+  const std::vector<int64_t>& ints(const std::string& n) const { return arg(n).ints; }
+  // The i-th positional argument (after skipping none), for ops whose names vary by overload.
+  const Arg& pos(size_t i) const { return args.at(i).second; }
+};
+
+using LowerFn = std::vector<Value> (*)(Builder&, const OpCall&);
+
+struct OpEntry {
+  LowerFn fn = nullptr;
+  // Pointwise over same-shaped inputs: the runtime may flatten contiguous operands to 1-D so
+  // one compiled program serves every shape with the same element count.
+  bool elementwise = false;
+};
+
+void register_op(const std::string& name, OpEntry entry);
+const OpEntry* find_op(const std::string& name);
+std::vector<std::string> registered_ops();
+
+struct Registrar {
+  Registrar(const char* name, LowerFn fn, bool elementwise) { register_op(name, {fn, elementwise}); }
+};
+
+// TPU_LOWER(name) { ... return {...}; }  registers a lowering for ATen base name `name`.
+#define TPU_LOWERING_CAT2(a, b) a##b
+#define TPU_LOWERING_CAT(a, b) TPU_LOWERING_CAT2(a, b)
+#define TPU_LOWER_IMPL(opname, elementwise)                                                    \
+  static std::vector<::tpu::lowering::Value> TPU_LOWERING_CAT(lower_, opname)(             \
+      ::tpu::lowering::Builder&, const ::tpu::lowering::OpCall&);                            \
+  static ::tpu::lowering::Registrar TPU_LOWERING_CAT(reg_, opname)(                         \
+      #opname, &TPU_LOWERING_CAT(lower_, opname), elementwise);                              \
+  static std::vector<::tpu::lowering::Value> TPU_LOWERING_CAT(lower_, opname)(             \
+      [[maybe_unused]] ::tpu::lowering::Builder & b,                                         \
+      [[maybe_unused]] const ::tpu::lowering::OpCall& c)
+#define TPU_LOWER(opname) TPU_LOWER_IMPL(opname, false)
+#define TPU_LOWER_ELEMENTWISE(opname) TPU_LOWER_IMPL(opname, true)
+
+// ---- helpers shared by lowering files (helpers.cc)
+// PyTorch computes float16/bfloat16 math in float32 ("opmath"); everything else in its own type.
+ElemType opmath(ElemType t);
+// Converts and broadcasts `v` to `t`'s element type and shape.
+Value cast_to(Builder& b, Value v, ElemType t, const Shape& shape);
+// The output logical type i of the call.
+inline const Type& out_type(const OpCall& c, size_t i = 0) { return c.outs.at(i); }
+// Normalizes a possibly negative dim against rank.
+int64_t norm_dim(int64_t d, int64_t rank);
+// Reduction dims from an optional IntList argument (none/empty = all dims).
+std::vector<int64_t> reduce_dims(const OpCall& c, const std::string& arg, int64_t rank);
+// Scalar or tensor argument as a value of element type t broadcast to shape.
+Value operand(Builder& b, const Arg& a, ElemType t, const Shape& shape);
+
+}  // namespace tpu::lowering

@@ -1,0 +1,365 @@
+// Joining, padding, reordering and creation ops that produce new tensors (cat/stack, flip,
+// roll, repeat, tril/triu, constant/reflection/replication padding, sort/topk, diag_embed,
+// arange/linspace/eye/fill/zero). Pure views are handled by the runtime as metadata.
+#include <algorithm>
+#include <numeric>
+
+#include "lowering.h"
+
+namespace tpu::lowering {
+namespace {
+
+constexpr ElemType I64 = ElemType::S64;
+
+Shape insert_unit(const Shape& s, int64_t at) {
+  Shape r = s;
+  r.insert(r.begin() + at, 1);
+  return r;
+}
+
+// x rolled by `shift` along `dim` (result[i] = x[(i - shift) mod n]).
+Value roll_dim(Builder& b, Value x, int64_t shift, int64_t dim) {
+  int64_t n = x.shape()[dim];
+  if (n == 0) return x;
+  int64_t s = ((shift % n) + n) % n;
+  if (s == 0) return x;
+  Shape start(x.rank(), 0), limit = x.shape();
+  // tail: [n - s, n), head: [0, n - s)
+  Shape tail_start = start;
+  tail_start[dim] = n - s;
+  Shape head_limit = limit;
+  head_limit[dim] = n - s;
+  Value tail = b.slice(x, tail_start, limit);
+  Value head = b.slice(x, start, head_limit);
+  return b.concatenate({tail, head}, dim);
+}
+
+Value is_nan(Builder& b, Value x) { return b.compare(Cmp::NE, x, x); }
+
+// Sorts x along dim; returns (values, s64 indices). NaN is greater than everything (PyTorch).
+std::pair<Value, Value> sort_with_indices(Builder& b, Value x, int64_t dim, bool descending) {
+  Value idx = b.iota(Type{I64, x.shape()}, dim);
+  bool fl = is_float(x.elem());
+  auto r = b.sort({x, idx}, dim, [&](const std::vector<Value>& a) {
+    Value l = a[0], r = a[1];
+    Value lt = b.compare(descending ? Cmp::GT : Cmp::LT, l, r);
+    if (!fl) return lt;
+    Value ln = is_nan(b, l), rn = is_nan(b, r);
+    // ascending: l < r or (!isnan(l) and isnan(r)); descending: l > r or (isnan(l) and !isnan(r))
+    Value nan_order = descending ? b.and_(ln, b.not_(rn)) : b.and_(b.not_(ln), rn);
+    return b.or_(lt, nan_order);
+  });
+  return {r[0], r[1]};
+}
+
+// Padding for the last k dims from a PyTorch pad list (last dim first).
+void pads_from_list(const std::vector<int64_t>& pad, int64_t rank, Shape& lo, Shape& hi) {
+  lo.assign(rank, 0);
+  hi.assign(rank, 0);
+  int64_t k = static_cast<int64_t>(pad.size()) / 2;
+  if (k > rank) throw Unsupported("pad: padding length too large");
+  for (int64_t i = 0; i < k; ++i) {
+    lo[rank - 1 - i] = pad[2 * i];
+    hi[rank - 1 - i] = pad[2 * i + 1];
+  }
+}
+
+// Reflection (reflect=true) or replication padding of the last pad.size()/2 dims.
+Value edge_pad(Builder& b, Value x, const std::vector<int64_t>& pad, bool reflect) {
+  Shape lo, hi;
+  pads_from_list(pad, x.rank(), lo, hi);
+  for (int64_t d = 0; d < x.rank(); ++d) {
+    if (lo[d] == 0 && hi[d] == 0) continue;
+    if (lo[d] < 0 || hi[d] < 0) throw Unsupported("reflection/replication pad: negative padding");
+    int64_t n = x.shape()[d];
+    if (n == 0) throw Unsupported("reflection/replication pad: empty dim");
+    if (reflect && (lo[d] >= n || hi[d] >= n)) throw Unsupported("reflection pad: pad >= size");
+    Shape start(x.rank(), 0), limit = x.shape();
+    auto part = [&](int64_t s, int64_t e) {
+      Shape st = start, li = limit;
+      st[d] = s;
+      li[d] = e;
+      return b.slice(x, st, li);
+    };
+    std::vector<Value> pieces;
+    if (lo[d] > 0) {
+      if (reflect) {
+        pieces.push_back(b.reverse(part(1, lo[d] + 1), {d}));
+      } else {
+        Value edge = part(0, 1);
+        Shape s = edge.shape();
+        s[d] = lo[d];
+        pieces.push_back(b.broadcast_to(edge, s));
+      }
+    }
+    pieces.push_back(x);
+    if (hi[d] > 0) {
+      if (reflect) {
+        pieces.push_back(b.reverse(part(n - 1 - hi[d], n - 1), {d}));
+      } else {
+        Value edge = part(n - 1, n);
+        Shape s = edge.shape();
+        s[d] = hi[d];
+        pieces.push_back(b.broadcast_to(edge, s));
+      }
+    }
+    x = b.concatenate(pieces, d);
+  }
+  return x;
+}
+
+// 0-d value of an arg that is a Scalar or a 0-d Tensor.
+Value scalar_value(Builder& b, const Arg& a, ElemType t) { return operand(b, a, t, {}); }
+
+}  // namespace
+
+// ---------------------------------------------------------------- cat / stack
+TPU_LOWER(cat) {
+  const Type& o = out_type(c);
+  std::vector<Value> xs;
+  for (const auto& t : c.arg("tensors").tensors) {
+    if (!t) continue;
+    // Legacy behaviour: 1-D empty tensors are skipped whatever the other ranks.
+    if (t->rank() == 1 && t->shape()[0] == 0) continue;
+    xs.push_back(*t);
+  }
+  if (xs.empty() || o.numel() == 0) return {b.zeros(o)};
+  int64_t dim = norm_dim(c.int_("dim"), xs[0].rank());
+  std::vector<Value> parts;
+  for (Value& x : xs) {
+    if (x.type.numel() == 0) continue;
+    parts.push_back(b.convert(x, o.elem));
+  }
+  if (parts.empty()) return {b.zeros(o)};
+  return {b.concatenate(parts, dim)};
+}
+
+TPU_LOWER(stack) {
+  const Type& o = out_type(c);
+  const auto& ts = c.arg("tensors").tensors;
+  if (ts.empty() || !ts[0]) throw Unsupported("stack: empty list");
+  int64_t dim = norm_dim(c.int_("dim"), ts[0]->rank() + 1);
+  if (o.numel() == 0) return {b.zeros(o)};
+  std::vector<Value> parts;
+  for (const auto& t : ts) parts.push_back(b.reshape(b.convert(*t, o.elem), insert_unit(t->shape(), dim)));
+  return {b.concatenate(parts, dim)};
+}
+
+// ---------------------------------------------------------------- reorderings
+TPU_LOWER(flip) {
+  Value x = c.tensor("self");
+  std::vector<int64_t> dims;
+  for (int64_t d : c.ints("dims")) dims.push_back(norm_dim(d, x.rank()));
+  std::sort(dims.begin(), dims.end());
+  dims.erase(std::unique(dims.begin(), dims.end()), dims.end());
+  if (x.rank() == 0) return {x};
+  return {b.reverse(x, dims)};
+}
+
+TPU_LOWER(roll) {
+  Value x = c.tensor("self");
+  const auto& shifts = c.ints("shifts");
+  std::vector<int64_t> dims = c.has("dims") ? c.ints("dims") : std::vector<int64_t>{};
+  if (x.type.numel() == 0) return {x};
+  if (dims.empty()) {
+    if (shifts.size() != 1) throw Unsupported("roll: shifts without dims");
+    Shape s = x.shape();
+    Value flat = b.reshape(x, {x.type.numel()});
+    return {b.reshape(roll_dim(b, flat, shifts[0], 0), s)};
+  }
+  if (dims.size() != shifts.size()) throw Unsupported("roll: shifts/dims length mismatch");
+  for (size_t i = 0; i < dims.size(); ++i) x = roll_dim(b, x, shifts[i], norm_dim(dims[i], x.rank()));
+  return {x};
+}
+
+TPU_LOWER(repeat) {
+  Value x = c.tensor("self");
+  const auto& reps = c.ints("repeats");
+  const Type& o = out_type(c);
+  int64_t k = static_cast<int64_t>(reps.size());
+  if (k < x.rank()) throw Unsupported("repeat: fewer repeats than dims");
+  if (o.numel() == 0) return {b.zeros(o)};
+  Shape xs(k - x.rank(), 1);
+  xs.insert(xs.end(), x.shape().begin(), x.shape().end());
+  x = b.reshape(x, xs);
+  Shape big;
+  std::vector<int64_t> dims;
+  for (int64_t i = 0; i < k; ++i) {
+    big.push_back(reps[i]);
+    big.push_back(xs[i]);
+    dims.push_back(2 * i + 1);
+  }
+  return {b.reshape(b.broadcast_in_dim(x, big, dims), o.shape)};
+}
+
+// ---------------------------------------------------------------- triangular
+namespace {
+Value tri(Builder& b, const OpCall& c, bool lower) {
+  Value x = c.tensor("self");
+  if (x.rank() < 2) throw Unsupported("tril/triu: input has fewer than 2 dims");
+  int64_t diag = c.int_("diagonal");
+  int64_t r = x.rank();
+  Shape s = x.shape();
+  Value row = b.iota(Type{I64, s}, r - 2);
+  Value col = b.iota(Type{I64, s}, r - 1);
+  Value diff = b.sub(col, row);
+  Value dv = b.constant_i(diag, I64, s);
+  Value keep = b.compare(lower ? Cmp::LE : Cmp::GE, diff, dv);
+  return b.select(keep, x, b.zeros(x.type));
+}
+}  // namespace
+TPU_LOWER(tril) { return {tri(b, c, true)}; }
+TPU_LOWER(triu) { return {tri(b, c, false)}; }
+
+TPU_LOWER(diag_embed) {
+  Value x = c.tensor("self");
+  const Type& o = out_type(c);
+  int64_t r = o.rank();
+  int64_t offset = c.int_("offset");
+  int64_t d1 = norm_dim(c.int_("dim1", -2), r);
+  int64_t d2 = norm_dim(c.int_("dim2", -1), r);
+  if (d1 == d2) throw Unsupported("diag_embed: dim1 == dim2");
+  if (x.rank() == 0) throw Unsupported("diag_embed: 0-d input");
+  if (o.numel() == 0) return {b.zeros(o)};
+  int64_t a = offset < 0 ? -offset : offset;
+  Shape lo(x.rank(), 0), hi(x.rank(), 0);
+  hi.back() = a;
+  Value padded = a ? b.pad(x, b.constant_i(0, x.elem()), lo, hi) : x;
+  // Map batch dims to the out dims other than d1/d2, and the diagonal to d1 (offset >= 0: the
+  // row index picks the element) or d2 (offset < 0: the column index does).
+  std::vector<int64_t> map;
+  for (int64_t d = 0; d < r; ++d)
+    if (d != d1 && d != d2) map.push_back(d);
+  map.push_back(offset >= 0 ? d1 : d2);
+  // XLA wants increasing broadcast dims: transpose the operand into the order of `map`.
+  std::vector<int64_t> perm(map.size());
+  std::iota(perm.begin(), perm.end(), 0);
+  std::sort(perm.begin(), perm.end(), [&](int64_t p, int64_t q) { return map[p] < map[q]; });
+  std::vector<int64_t> sorted_map;
+  for (int64_t p : perm) sorted_map.push_back(map[p]);
+  Value big = b.broadcast_in_dim(b.transpose(padded, perm), o.shape, sorted_map);
+  Value row = b.iota(Type{I64, o.shape}, d1);
+  Value col = b.iota(Type{I64, o.shape}, d2);
+  Value keep = b.compare(Cmp::EQ, b.sub(col, row), b.constant_i(offset, I64, o.shape));
+  return {b.select(keep, big, b.zeros(big.type))};
+}
+
+// ---------------------------------------------------------------- padding
+TPU_LOWER(constant_pad_nd) {
+  Value x = c.tensor("self");
+  const auto& pad = c.ints("pad");
+  if (pad.size() % 2) throw Unsupported("constant_pad_nd: odd pad length");
+  Shape lo, hi;
+  pads_from_list(pad, x.rank(), lo, hi);
+  Value v = c.has("value") ? scalar_value(b, c.arg("value"), x.elem()) : b.constant_i(0, x.elem());
+  const Type& o = out_type(c);
+  if (o.numel() == 0) return {b.zeros(o)};
+  // StableHLO pad accepts negative edge padding (cropping), but crop first so that padding a
+  // dim cropped below zero cannot produce a negative intermediate.
+  Shape start(x.rank(), 0), limit = x.shape();
+  bool crop = false;
+  for (int64_t d = 0; d < x.rank(); ++d) {
+    if (lo[d] < 0) { start[d] = -lo[d]; lo[d] = 0; crop = true; }
+    if (hi[d] < 0) { limit[d] += hi[d]; hi[d] = 0; crop = true; }
+  }
+  if (crop) x = b.slice(x, start, limit);
+  return {b.pad(x, v, lo, hi)};
+}
+
+#define TPU_EDGE_PAD(name, reflect) \
+  TPU_LOWER(name) { return {edge_pad(b, c.tensor("self"), c.ints("padding"), reflect)}; }
+TPU_EDGE_PAD(reflection_pad1d, true)
+TPU_EDGE_PAD(reflection_pad2d, true)
+TPU_EDGE_PAD(reflection_pad3d, true)
+TPU_EDGE_PAD(replication_pad1d, false)
+TPU_EDGE_PAD(replication_pad2d, false)
+TPU_EDGE_PAD(replication_pad3d, false)
+#undef TPU_EDGE_PAD
+
+// ---------------------------------------------------------------- sort / topk
+TPU_LOWER(sort) {
+  Value x = c.tensor("self");
+  bool desc = c.bool_("descending");
+  if (x.rank() == 0) return {x, b.constant_i(0, I64)};
+  int64_t dim = norm_dim(c.int_("dim", -1), x.rank());
+  if (x.type.numel() == 0) return {x, b.zeros(Type{I64, x.shape()})};
+  auto [v, i] = sort_with_indices(b, x, dim, desc);
+  return {v, i};
+}
+
+TPU_LOWER(topk) {
+  Value x = c.tensor("self");
+  int64_t k = c.int_("k");
+  bool largest = c.bool_("largest", true);
+  const Type& o = out_type(c);
+  if (o.numel() == 0) return {b.zeros(o), b.zeros(Type{I64, o.shape})};
+  if (x.rank() == 0) return {x, b.constant_i(0, I64)};
+  int64_t dim = norm_dim(c.int_("dim", -1), x.rank());
+  auto [v, i] = sort_with_indices(b, x, dim, largest);
+  Shape start(x.rank(), 0), limit = x.shape();
+  limit[dim] = k;
+  return {b.slice(v, start, limit), b.slice(i, start, limit)};
+}
+
+// ---------------------------------------------------------------- creation
+TPU_LOWER(arange) {
+  const Type& o = out_type(c);
+  if (o.rank() != 1) throw Unsupported("arange: output is not 1-D");
+  int64_t n = o.shape[0];
+  if (n == 0) return {b.zeros(o)};
+  // CPU computes start + i * step in acc_type: double for float/double (then casts), float for
+  // half/bfloat16, int64 for integers.
+  ElemType t = o.elem == ElemType::F32 || o.elem == ElemType::F64 ? ElemType::F64
+               : is_float(o.elem)                                 ? ElemType::F32
+                                                                  : I64;
+  if (o.elem == ElemType::Pred) throw Unsupported("arange: bool output");
+  Value start = c.has("start") ? scalar_value(b, c.arg("start"), t) : b.constant_i(0, t);
+  Value step = c.has("step") ? scalar_value(b, c.arg("step"), t) : b.constant_i(1, t);
+  Value i = b.iota(Type{t, {n}}, 0);
+  if (t == ElemType::F32) i = b.convert(b.iota(Type{I64, {n}}, 0), t);
+  Value v = b.add(b.broadcast_to(start, {n}), b.mul(b.broadcast_to(step, {n}), i));
+  return {b.convert(v, o.elem)};
+}
+
+TPU_LOWER(linspace) {
+  const Type& o = out_type(c);
+  if (o.rank() != 1) throw Unsupported("linspace: output is not 1-D");
+  int64_t n = o.shape[0];
+  if (n == 0) return {b.zeros(o)};
+  if (o.elem == ElemType::Pred) throw Unsupported("linspace: bool output");
+  bool integral = !is_float(o.elem);
+  // CPU: start/end converted to the output type; step and the math in the output type for
+  // floats (bf16/f16 approximated in f32), in double for integers.
+  ElemType st = integral ? o.elem : opmath(o.elem);
+  ElemType t = integral ? ElemType::F64 : st;
+  Value start = b.convert(scalar_value(b, c.arg("start"), st), t);
+  if (n == 1) return {b.convert(b.broadcast_to(start, {1}), o.elem)};
+  Value end = b.convert(scalar_value(b, c.arg("end"), st), t);
+  Value step = b.div(b.sub(end, start), b.constant_i(n - 1, t));
+  Value iota = b.convert(b.iota(Type{I64, {n}}, 0), t);
+  Value stepv = b.broadcast_to(step, {n});
+  Value lo = b.add(b.broadcast_to(start, {n}), b.mul(stepv, iota));
+  Value rev = b.sub(b.constant_i(n - 1, t, {n}), iota);
+  Value hi = b.sub(b.broadcast_to(end, {n}), b.mul(stepv, rev));
+  Value first_half = b.compare(Cmp::LT, b.iota(Type{I64, {n}}, 0), b.constant_i(n / 2, I64, {n}));
+  return {b.convert(b.select(first_half, lo, hi), o.elem)};
+}
+
+TPU_LOWER(eye) {
+  const Type& o = out_type(c);
+  if (o.rank() != 2) throw Unsupported("eye: output is not 2-D");
+  if (o.numel() == 0) return {b.zeros(o)};
+  Value row = b.iota(Type{I64, o.shape}, 0);
+  Value col = b.iota(Type{I64, o.shape}, 1);
+  Value eq = b.compare(Cmp::EQ, row, col);
+  return {b.select(eq, b.constant_i(1, o.elem, o.shape), b.zeros(o))};
+}
+
+TPU_LOWER_ELEMENTWISE(fill) {
+  const Type& o = out_type(c);
+  return {operand(b, c.arg("value"), o.elem, o.shape)};
+}
+
+TPU_LOWER_ELEMENTWISE(zero) { return {b.zeros(out_type(c))}; }
+
+}  // namespace tpu::lowering

@@ -1,0 +1,354 @@
+#include "pjrt.h"
+
+#include <dlfcn.h>
+
+#include <mutex>
+#include <unordered_map>
+
+namespace tpu::pjrt {
+
+namespace {
+template <typename T>
+T make_args(size_t size) {
+  T a{};
+  a.struct_size = size;
+  return a;
+}
+#define PJRT_ARGS(T) make_args<T>(T##_STRUCT_SIZE)
+}  // namespace
+
+std::shared_ptr<Api> Api::load(const std::string& path) {
+  // Plugins are process-global; load each path once.
+  static std::mutex mu;
+  static std::unordered_map<std::string, std::shared_ptr<Api>> loaded;
+  std::lock_guard<std::mutex> lock(mu);
+  if (auto it = loaded.find(path); it != loaded.end()) return it->second;
+
+  void* handle = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+  if (!handle) {
+    throw Error("torch_tpu: cannot load the PJRT plugin '" + path + "': " + dlerror() +
+                    ". Set TORCH_TPU_PJRT_PLUGIN to a valid plugin .so, or `pip install "
+                    "xla-cpu-pjrt==0.0.1`.",
+                PJRT_Error_Code_NOT_FOUND);
+  }
+  using GetApiFn = const PJRT_Api* (*)();
+  auto get_api = reinterpret_cast<GetApiFn>(dlsym(handle, "GetPjrtApi"));
+  if (!get_api) {
+    throw Error("torch_tpu: '" + path + "' is not a PJRT plugin (it exports no GetPjrtApi)",
+                PJRT_Error_Code_INVALID_ARGUMENT);
+  }
+  auto api = std::make_shared<Api>();
+  api->api_ = get_api();
+  api->handle_ = handle;
+  api->path_ = path;
+  const auto& v = api->api_->pjrt_api_version;
+  // A different major version is a different ABI. Within a major version, a plugin newer than
+  // our header is fine (structs only grow); an older plugin may lack entries we call, so refuse.
+  if (v.major_version != PJRT_API_MAJOR || v.minor_version < PJRT_API_MINOR) {
+    throw Error("torch_tpu: PJRT plugin '" + path + "' implements PJRT C API " +
+                    std::to_string(v.major_version) + "." + std::to_string(v.minor_version) +
+                    " but torch_tpu was built against " + std::to_string(PJRT_API_MAJOR) + "." +
+                    std::to_string(PJRT_API_MINOR) +
+                    "; install a matching plugin (xla-cpu-pjrt==0.0.1) or rebuild torch_tpu "
+                    "against the plugin's pjrt_c_api.h",
+                PJRT_Error_Code_FAILED_PRECONDITION);
+  }
+  auto init = PJRT_ARGS(PJRT_Plugin_Initialize_Args);
+  api->check(api->api_->PJRT_Plugin_Initialize(&init), "PJRT_Plugin_Initialize");
+  loaded[path] = api;
+  return api;
+}
+
+void Api::check(PJRT_Error* err, std::string_view what) const {
+  if (!err) return;
+  auto m = PJRT_ARGS(PJRT_Error_Message_Args);
+  m.error = err;
+  api_->PJRT_Error_Message(&m);
+  std::string msg(m.message, m.message_size);
+  auto c = PJRT_ARGS(PJRT_Error_GetCode_Args);
+  c.error = err;
+  int code = api_->PJRT_Error_GetCode(&c) ? PJRT_Error_Code_UNKNOWN : c.code;
+  auto d = PJRT_ARGS(PJRT_Error_Destroy_Args);
+  d.error = err;
+  api_->PJRT_Error_Destroy(&d);
+  throw Error(std::string(what) + ": " + msg, code);
+}
+
+std::string Api::version_string() const {
+  return std::to_string(api_->pjrt_api_version.major_version) + "." +
+         std::to_string(api_->pjrt_api_version.minor_version);
+}
+
+// ---------------------------------------------------------------- Event
+Event::~Event() {
+  auto a = PJRT_ARGS(PJRT_Event_Destroy_Args);
+  a.event = ev_;
+  api_->raw()->PJRT_Event_Destroy(&a);
+}
+
+void Event::wait() {
+  auto a = PJRT_ARGS(PJRT_Event_Await_Args);
+  a.event = ev_;
+  api_->check(api_->raw()->PJRT_Event_Await(&a), "PJRT_Event_Await");
+  auto e = PJRT_ARGS(PJRT_Event_Error_Args);
+  e.event = ev_;
+  api_->check(api_->raw()->PJRT_Event_Error(&e), "execution failed");
+}
+
+bool Event::ready() const {
+  auto a = PJRT_ARGS(PJRT_Event_IsReady_Args);
+  a.event = ev_;
+  api_->check(api_->raw()->PJRT_Event_IsReady(&a), "PJRT_Event_IsReady");
+  return a.is_ready;
+}
+
+// ---------------------------------------------------------------- Buffer
+Buffer::~Buffer() {
+  auto a = PJRT_ARGS(PJRT_Buffer_Destroy_Args);
+  a.buffer = buf_;
+  // Destroy defers freeing until in-flight executions that use the buffer complete.
+  if (PJRT_Error* e = api_->raw()->PJRT_Buffer_Destroy(&a)) {
+    auto d = PJRT_ARGS(PJRT_Error_Destroy_Args);
+    d.error = e;
+    api_->raw()->PJRT_Error_Destroy(&d);
+  }
+}
+
+void Buffer::to_host(void* dst, size_t nbytes) const {
+  auto a = PJRT_ARGS(PJRT_Buffer_ToHostBuffer_Args);
+  a.src = buf_;
+  a.dst = dst;
+  a.dst_size = nbytes;
+  api_->check(api_->raw()->PJRT_Buffer_ToHostBuffer(&a), "PJRT_Buffer_ToHostBuffer");
+  Event ev(api_, a.event);
+  ev.wait();
+}
+
+std::vector<int64_t> Buffer::dims() const {
+  auto a = PJRT_ARGS(PJRT_Buffer_Dimensions_Args);
+  a.buffer = buf_;
+  api_->check(api_->raw()->PJRT_Buffer_Dimensions(&a), "PJRT_Buffer_Dimensions");
+  return {a.dims, a.dims + a.num_dims};
+}
+
+ElementType Buffer::element_type() const {
+  auto a = PJRT_ARGS(PJRT_Buffer_ElementType_Args);
+  a.buffer = buf_;
+  api_->check(api_->raw()->PJRT_Buffer_ElementType(&a), "PJRT_Buffer_ElementType");
+  return static_cast<ElementType>(a.type);
+}
+
+void Buffer::wait_ready() const {
+  auto a = PJRT_ARGS(PJRT_Buffer_ReadyEvent_Args);
+  a.buffer = buf_;
+  api_->check(api_->raw()->PJRT_Buffer_ReadyEvent(&a), "PJRT_Buffer_ReadyEvent");
+  Event ev(api_, a.event);
+  ev.wait();
+}
+
+BufferPtr Buffer::copy_to_device(PJRT_Device* dev) const {
+  auto a = PJRT_ARGS(PJRT_Buffer_CopyToDevice_Args);
+  a.buffer = buf_;
+  a.dst_device = dev;
+  api_->check(api_->raw()->PJRT_Buffer_CopyToDevice(&a), "PJRT_Buffer_CopyToDevice");
+  return std::make_shared<Buffer>(api_, a.dst_buffer);
+}
+
+// ---------------------------------------------------------------- Executable
+Executable::Executable(std::shared_ptr<const Api> api, PJRT_LoadedExecutable* exe)
+    : api_(std::move(api)), exe_(exe) {
+  auto g = PJRT_ARGS(PJRT_LoadedExecutable_GetExecutable_Args);
+  g.loaded_executable = exe_;
+  api_->check(api_->raw()->PJRT_LoadedExecutable_GetExecutable(&g), "GetExecutable");
+  auto n = PJRT_ARGS(PJRT_Executable_NumOutputs_Args);
+  n.executable = g.executable;
+  PJRT_Error* err = api_->raw()->PJRT_Executable_NumOutputs(&n);
+  auto d = PJRT_ARGS(PJRT_Executable_Destroy_Args);
+  d.executable = g.executable;
+  api_->raw()->PJRT_Executable_Destroy(&d);
+  api_->check(err, "PJRT_Executable_NumOutputs");
+  num_outputs_ = n.num_outputs;
+}
+
+Executable::~Executable() {
+  auto a = PJRT_ARGS(PJRT_LoadedExecutable_Destroy_Args);
+  a.executable = exe_;
+  if (PJRT_Error* e = api_->raw()->PJRT_LoadedExecutable_Destroy(&a)) {
+    auto d = PJRT_ARGS(PJRT_Error_Destroy_Args);
+    d.error = e;
+    api_->raw()->PJRT_Error_Destroy(&d);
+  }
+}
+
+std::vector<BufferPtr> Executable::execute(PJRT_Device* device,
+                                           const std::vector<PJRT_Buffer*>& args,
+                                           const std::vector<int64_t>& non_donatable,
+                                           std::unique_ptr<Event>* done) const {
+  auto opts = PJRT_ARGS(PJRT_ExecuteOptions);
+  opts.non_donatable_input_indices = non_donatable.data();
+  opts.num_non_donatable_input_indices = non_donatable.size();
+  std::vector<PJRT_Buffer*> outs(num_outputs_, nullptr);
+  PJRT_Buffer* const* arg_list = args.data();
+  PJRT_Buffer** out_list = outs.data();
+  PJRT_Event* ev = nullptr;
+  auto a = PJRT_ARGS(PJRT_LoadedExecutable_Execute_Args);
+  a.executable = exe_;
+  a.options = &opts;
+  a.argument_lists = &arg_list;
+  a.num_devices = 1;
+  a.num_args = args.size();
+  a.output_lists = &out_list;
+  a.device_complete_events = done ? &ev : nullptr;
+  a.execute_device = device;
+  api_->check(api_->raw()->PJRT_LoadedExecutable_Execute(&a), "PJRT_LoadedExecutable_Execute");
+  if (done) *done = std::make_unique<Event>(api_, ev);
+  std::vector<BufferPtr> result;
+  result.reserve(outs.size());
+  for (PJRT_Buffer* b : outs) result.push_back(std::make_shared<Buffer>(api_, b));
+  return result;
+}
+
+std::string Executable::serialize() const {
+  auto g = PJRT_ARGS(PJRT_LoadedExecutable_GetExecutable_Args);
+  g.loaded_executable = exe_;
+  api_->check(api_->raw()->PJRT_LoadedExecutable_GetExecutable(&g), "GetExecutable");
+  auto s = PJRT_ARGS(PJRT_Executable_Serialize_Args);
+  s.executable = g.executable;
+  PJRT_Error* err = api_->raw()->PJRT_Executable_Serialize(&s);
+  std::string out;
+  if (!err) {
+    out.assign(s.serialized_bytes, s.serialized_bytes_size);
+    s.serialized_executable_deleter(s.serialized_executable);
+  }
+  auto d = PJRT_ARGS(PJRT_Executable_Destroy_Args);
+  d.executable = g.executable;
+  api_->raw()->PJRT_Executable_Destroy(&d);
+  api_->check(err, "PJRT_Executable_Serialize");
+  return out;
+}
+
+// ---------------------------------------------------------------- Client
+Client::Client(std::shared_ptr<const Api> api, int64_t cpu_device_count) : api_(std::move(api)) {
+  const PJRT_Api* raw = api_->raw();
+  auto opt = PJRT_ARGS(PJRT_NamedValue);
+  static const char kName[] = "cpu_device_count";
+  opt.name = kName;
+  opt.name_size = sizeof(kName) - 1;
+  opt.type = PJRT_NamedValue_kInt64;
+  opt.int64_value = cpu_device_count;
+  opt.value_size = 1;
+  auto a = PJRT_ARGS(PJRT_Client_Create_Args);
+  a.create_options = &opt;
+  a.num_options = cpu_device_count > 0 ? 1 : 0;
+  api_->check(raw->PJRT_Client_Create(&a), "PJRT_Client_Create");
+  client_ = a.client;
+
+  auto pn = PJRT_ARGS(PJRT_Client_PlatformName_Args);
+  pn.client = client_;
+  api_->check(raw->PJRT_Client_PlatformName(&pn), "PJRT_Client_PlatformName");
+  platform_name_.assign(pn.platform_name, pn.platform_name_size);
+  auto pv = PJRT_ARGS(PJRT_Client_PlatformVersion_Args);
+  pv.client = client_;
+  api_->check(raw->PJRT_Client_PlatformVersion(&pv), "PJRT_Client_PlatformVersion");
+  platform_version_.assign(pv.platform_version, pv.platform_version_size);
+
+  auto ad = PJRT_ARGS(PJRT_Client_AddressableDevices_Args);
+  ad.client = client_;
+  api_->check(raw->PJRT_Client_AddressableDevices(&ad), "PJRT_Client_AddressableDevices");
+  for (size_t i = 0; i < ad.num_addressable_devices; ++i) {
+    PJRT_Device* dev = ad.addressable_devices[i];
+    auto gd = PJRT_ARGS(PJRT_Device_GetDescription_Args);
+    gd.device = dev;
+    api_->check(raw->PJRT_Device_GetDescription(&gd), "PJRT_Device_GetDescription");
+    auto id = PJRT_ARGS(PJRT_DeviceDescription_Id_Args);
+    id.device_description = gd.device_description;
+    api_->check(raw->PJRT_DeviceDescription_Id(&id), "PJRT_DeviceDescription_Id");
+    auto k = PJRT_ARGS(PJRT_DeviceDescription_Kind_Args);
+    k.device_description = gd.device_description;
+    api_->check(raw->PJRT_DeviceDescription_Kind(&k), "PJRT_DeviceDescription_Kind");
+    auto ds = PJRT_ARGS(PJRT_DeviceDescription_DebugString_Args);
+    ds.device_description = gd.device_description;
+    api_->check(raw->PJRT_DeviceDescription_DebugString(&ds), "DebugString");
+    devices_.push_back({dev, id.id, std::string(k.device_kind, k.device_kind_size),
+                        std::string(ds.debug_string, ds.debug_string_size)});
+  }
+}
+
+Client::~Client() {
+  auto a = PJRT_ARGS(PJRT_Client_Destroy_Args);
+  a.client = client_;
+  if (PJRT_Error* e = api_->raw()->PJRT_Client_Destroy(&a)) {
+    auto d = PJRT_ARGS(PJRT_Error_Destroy_Args);
+    d.error = e;
+    api_->raw()->PJRT_Error_Destroy(&d);
+  }
+}
+
+ExecutablePtr Client::compile(const std::string& mlir, const std::string& compile_options) const {
+  auto prog = PJRT_ARGS(PJRT_Program);
+  std::string code = mlir;  // PJRT_Program.code is non-const
+  prog.code = code.data();
+  prog.code_size = code.size();
+  static const char kFormat[] = "mlir";
+  prog.format = kFormat;
+  prog.format_size = sizeof(kFormat) - 1;
+  auto a = PJRT_ARGS(PJRT_Client_Compile_Args);
+  a.client = client_;
+  a.program = &prog;
+  a.compile_options = compile_options.data();
+  a.compile_options_size = compile_options.size();
+  api_->check(api_->raw()->PJRT_Client_Compile(&a), "PJRT_Client_Compile");
+  return std::make_shared<Executable>(api_, a.executable);
+}
+
+ExecutablePtr Client::deserialize(const std::string& bytes) const {
+  auto a = PJRT_ARGS(PJRT_Executable_DeserializeAndLoad_Args);
+  a.client = client_;
+  a.serialized_executable = bytes.data();
+  a.serialized_executable_size = bytes.size();
+  api_->check(api_->raw()->PJRT_Executable_DeserializeAndLoad(&a),
+              "PJRT_Executable_DeserializeAndLoad");
+  return std::make_shared<Executable>(api_, a.loaded_executable);
+}
+
+BufferPtr Client::from_host(const void* data, ElementType type, const std::vector<int64_t>& dims,
+                            PJRT_Device* device) const {
+  auto a = PJRT_ARGS(PJRT_Client_BufferFromHostBuffer_Args);
+  a.client = client_;
+  a.data = data;
+  a.type = static_cast<PJRT_Buffer_Type>(type);
+  a.dims = dims.data();
+  a.num_dims = dims.size();
+  a.host_buffer_semantics = PJRT_HostBufferSemantics_kImmutableOnlyDuringCall;
+  a.device = device;
+  api_->check(api_->raw()->PJRT_Client_BufferFromHostBuffer(&a), "BufferFromHostBuffer");
+  if (a.done_with_host_buffer) Event(api_, a.done_with_host_buffer).wait();
+  return std::make_shared<Buffer>(api_, a.buffer);
+}
+
+bool Client::memory_stats(PJRT_Device* device, int64_t* in_use, int64_t* limit) const {
+  auto a = PJRT_ARGS(PJRT_Device_MemoryStats_Args);
+  a.device = device;
+  PJRT_Error* e = api_->raw()->PJRT_Device_MemoryStats(&a);
+  if (e) {
+    auto d = PJRT_ARGS(PJRT_Error_Destroy_Args);
+    d.error = e;
+    api_->raw()->PJRT_Error_Destroy(&d);
+    return false;
+  }
+  *in_use = a.bytes_in_use;
+  *limit = a.bytes_limit_is_set ? a.bytes_limit : -1;
+  return true;
+}
+
+const std::string& portable_compile_options() {
+  // xla.CompileOptionsProto, hand-encoded (no protobuf dependency):
+  //   0x20 0x01 : field 4 (compile_portable_executable), varint, true
+  //   0x1a 0x04 : field 3 (executable_build_options), length-delimited, 4 bytes follow:
+  //     0x20 0x01 : ExecutableBuildOptionsProto field 4 (num_replicas) = 1
+  //     0x28 0x01 : ExecutableBuildOptionsProto field 5 (num_partitions) = 1
+  static const std::string opts("\x20\x01\x1a\x04\x20\x01\x28\x01", 8);
+  return opts;
+}
+
+}  // namespace tpu::pjrt

@@ -1,0 +1,131 @@
+// The only place Python meets C++: plain values in and out (no torch/extension.h, which costs
+// ~70 s per build here). Tensors never cross this boundary; they flow through the dispatcher.
+#include <ATen/core/Generator.h>
+#include <ATen/core/Tensor.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <cstring>
+
+#include "aten/allocator.h"
+#include "aten/execute.h"
+#include "aten/fallback.h"
+#include "aten/generator.h"
+#include "lowering/lowering.h"
+#include "runtime/compile_cache.h"
+#include "runtime/context.h"
+#include "runtime/executor.h"
+
+namespace py = pybind11;
+
+namespace tpu::aten {
+void register_hooks();
+}
+
+namespace {
+
+using tpu::runtime::Context;
+
+tpu::aten::TpuGenerator* gen(int device) {
+  return tpu::aten::default_generator(static_cast<c10::DeviceIndex>(device)).get<tpu::aten::TpuGenerator>();
+}
+
+}  // namespace
+
+PYBIND11_MODULE(_C, m) {
+  m.doc() = "torch_tpu native runtime";
+  m.def("_register", &tpu::aten::register_hooks);
+  m.def("_configure", [](const std::string& path, int64_t n) { Context::get().configure(path, n); });
+  m.def("_initialized", [] { return Context::get().initialized(); });
+  m.def("_init", [] { Context::get().client(); });
+  m.def("_device_count", [] { return Context::get().device_count(); });
+  m.def("_platform", [] {
+    auto& c = Context::get().client();
+    py::dict d;
+    d["platform_name"] = c.platform_name();
+    d["platform_version"] = c.platform_version();
+    d["pjrt_api_version"] = c.api().version_string();
+    d["plugin_path"] = Context::get().plugin_path();
+    return d;
+  });
+  m.def("_device_info", [](int i) {
+    auto& devs = Context::get().client().devices();
+    if (i < 0 || i >= static_cast<int>(devs.size())) throw py::index_error("tpu device index out of range");
+    py::dict d;
+    d["id"] = devs[i].id;
+    d["kind"] = devs[i].kind;
+    d["debug_string"] = devs[i].debug_string;
+    return d;
+  });
+  m.def("_synchronize", [] {
+    py::gil_scoped_release nogil;
+    tpu::runtime::Executor::get().synchronize();
+  });
+  m.def("_set_eager_mode", [](int mode) {
+    Context::get().set_mode(static_cast<tpu::runtime::EagerMode>(mode));
+  });
+  m.def("_get_eager_mode", [] { return static_cast<int>(Context::get().mode()); });
+  m.def("_cache_stats", [] {
+    auto s = tpu::runtime::CompileCache::get().stats();
+    py::dict d;
+    d["op_hits"] = s.op_hits;
+    d["memory_hits"] = s.memory_hits;
+    d["disk_hits"] = s.disk_hits;
+    d["misses"] = s.misses;
+    d["compile_ms"] = s.compile_ms;
+    d["disk_load_ms"] = s.disk_load_ms;
+    d["disk_errors"] = s.disk_errors;
+    d["cache_dir"] = tpu::runtime::CompileCache::get().cache_dir();
+    return d;
+  });
+  m.def("_reset_cache_stats", [] { tpu::runtime::CompileCache::get().reset_stats(); });
+  m.def("_compile_events", [] {
+    py::list out;
+    for (const auto& e : tpu::runtime::CompileCache::get().events())
+      out.append(py::make_tuple(e.op, e.reason, e.source, e.ms));
+    return out;
+  });
+  m.def("_fallback_stats", [] { return tpu::aten::fallback_stats(); });
+  m.def("_fallback_reasons", [] { return tpu::aten::fallback_why(); });
+  m.def("_reset_fallback_stats", [] { tpu::aten::reset_fallback_stats(); });
+  m.def("_dispatch_stats", [] {
+    auto& s = tpu::aten::dispatch_stats();
+    py::dict d;
+    d["ops"] = s.ops;
+    d["host_syncs"] = s.host_syncs;
+    d["launches"] = tpu::runtime::Executor::get().launches();
+    return d;
+  });
+  m.def("_lowered_ops", [] { return tpu::lowering::registered_ops(); });
+  m.def("_mem_get_info", [](int device) {
+    return tpu::aten::TpuAllocator::get().getMemoryInfo(static_cast<c10::DeviceIndex>(device));
+  });
+  m.def("_manual_seed", [](int device, uint64_t seed) {
+    auto g = tpu::aten::default_generator(static_cast<c10::DeviceIndex>(device));
+    std::lock_guard<std::mutex> lock(g.mutex());
+    gen(device)->set_current_seed(seed);
+  });
+  m.def("_seed", [](int device) {
+    auto g = tpu::aten::default_generator(static_cast<c10::DeviceIndex>(device));
+    std::lock_guard<std::mutex> lock(g.mutex());
+    return gen(device)->seed();
+  });
+  m.def("_initial_seed", [](int device) { return gen(device)->current_seed(); });
+  m.def("_get_rng_state", [](int device) {
+    auto* g = gen(device);
+    uint64_t s = g->current_seed(), o = g->get_offset();
+    std::string bytes(16, '\0');
+    std::memcpy(bytes.data(), &s, 8);
+    std::memcpy(bytes.data() + 8, &o, 8);
+    return py::bytes(bytes);
+  });
+  m.def("_set_rng_state", [](int device, const std::string& bytes) {
+    if (bytes.size() != 16) throw py::value_error("tpu RNG state must be 16 bytes (seed, offset)");
+    uint64_t s, o;
+    std::memcpy(&s, bytes.data(), 8);
+    std::memcpy(&o, bytes.data() + 8, 8);
+    auto* g = gen(device);
+    g->set_current_seed(s);
+    g->set_offset(o);
+  });
+}

@@ -1,0 +1,22 @@
+// The device side of one PyTorch storage: the current PJRT buffer holding its bytes (flat 1-D,
+// typed), swapped for a new buffer by every write (the old one is donated to the writing
+// program so XLA updates in place). Lives as the DataPtr context of the storage.
+#pragma once
+#include <cstddef>
+#include <mutex>
+
+#include "pjrt/pjrt.h"
+#include "stablehlo/builder.h"
+
+namespace tpu::runtime {
+
+struct StorageState {
+  StorageState(int dev, size_t bytes) : device(dev), nbytes(bytes) {}
+  int device;
+  size_t nbytes;
+  std::mutex mu;              // guards buffer/elem swaps
+  pjrt::BufferPtr buffer;     // null until the first write ("uninitialized memory")
+  shlo::ElemType elem = shlo::ElemType::U8;  // element type of `buffer`
+};
+
+}  // namespace tpu::runtime

@@ -1,0 +1,160 @@
+// A small StableHLO module builder that prints MLIR text in the generic op form (the most
+// stable syntax across StableHLO versions). SSA values are typed; every helper checks nothing
+// the verifier will check for us, but computes result types so callers rarely spell them.
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace tpu::shlo {
+
+enum class ElemType : uint8_t { Pred, S8, S16, S32, S64, U8, U16, U32, U64, F16, BF16, F32, F64 };
+using Shape = std::vector<int64_t>;
+
+bool is_float(ElemType t);
+bool is_unsigned(ElemType t);
+inline bool is_integral(ElemType t) { return !is_float(t) && t != ElemType::Pred; }
+int bit_width(ElemType t);
+const char* mlir_name(ElemType t);
+
+struct Type {
+  ElemType elem = ElemType::F32;
+  Shape shape;
+  std::string str() const;
+  int64_t rank() const { return static_cast<int64_t>(shape.size()); }
+  int64_t numel() const;
+};
+
+struct Value {
+  int id = -1;
+  Type type;
+  const Shape& shape() const { return type.shape; }
+  ElemType elem() const { return type.elem; }
+  int64_t rank() const { return type.rank(); }
+  std::string name() const { return "%v" + std::to_string(id); }
+};
+
+// Comparison direction names as StableHLO spells them.
+enum class Cmp { EQ, NE, LT, LE, GT, GE };
+
+class Builder {
+ public:
+  // ---- function signature
+  Value arg(const Type& t);
+  // Marks argument `arg_index` as donated into result `result_index` (XLA updates in place).
+  void alias(int arg_index, int result_index);
+  std::string module(const std::vector<Value>& results) const;
+  int num_args() const { return static_cast<int>(args_.size()); }
+
+  // ---- generic op emission
+  Value op(std::string_view name, const std::vector<Value>& operands, const Type& result,
+           std::string_view attrs = "");
+  std::vector<Value> op_multi(std::string_view name, const std::vector<Value>& operands,
+                              const std::vector<Type>& results, std::string_view attrs = "",
+                              std::string_view region = "");
+  // Builds a region with one block whose arguments have `types`; `body` returns the values to
+  // yield. Returns the region text for op_multi.
+  std::string region(const std::vector<Type>& types,
+                     const std::function<std::vector<Value>(const std::vector<Value>&)>& body);
+
+  // ---- constants
+  Value constant_f(double v, ElemType t, const Shape& shape = {});
+  Value constant_i(int64_t v, ElemType t, const Shape& shape = {});
+  Value zeros(const Type& t) { return constant_i(0, t.elem, t.shape); }
+  Value iota(const Type& t, int64_t dim);
+  // Smallest / largest representable value (infinities for floats).
+  Value lowest(ElemType t, const Shape& shape = {});
+  Value highest(ElemType t, const Shape& shape = {});
+
+  // ---- elementwise
+  Value unary(std::string_view name, Value x);  // "stablehlo.<name>", result type of x
+  Value binary(std::string_view name, Value a, Value b);  // same-shape same-type operands
+  Value add(Value a, Value b) { return binary("add", a, b); }
+  Value sub(Value a, Value b) { return binary("subtract", a, b); }
+  Value mul(Value a, Value b) { return binary("multiply", a, b); }
+  Value div(Value a, Value b) { return binary("divide", a, b); }
+  Value rem(Value a, Value b) { return binary("remainder", a, b); }
+  Value max(Value a, Value b) { return binary("maximum", a, b); }
+  Value min(Value a, Value b) { return binary("minimum", a, b); }
+  Value pow(Value a, Value b) { return binary("power", a, b); }
+  Value and_(Value a, Value b) { return binary("and", a, b); }
+  Value or_(Value a, Value b) { return binary("or", a, b); }
+  Value xor_(Value a, Value b) { return binary("xor", a, b); }
+  Value neg(Value x) { return unary("negate", x); }
+  Value abs(Value x) { return unary("abs", x); }
+  Value exp(Value x) { return unary("exponential", x); }
+  Value log(Value x) { return unary("log", x); }
+  Value sqrt(Value x) { return unary("sqrt", x); }
+  Value rsqrt(Value x) { return unary("rsqrt", x); }
+  Value tanh(Value x) { return unary("tanh", x); }
+  Value floor(Value x) { return unary("floor", x); }
+  Value not_(Value x) { return unary("not", x); }
+  Value compare(Cmp dir, Value a, Value b);
+  Value select(Value pred, Value on_true, Value on_false);
+  Value clamp(Value lo, Value x, Value hi);
+  Value convert(Value x, ElemType to);  // PyTorch cast semantics for bool targets (x != 0)
+  Value bitcast(Value x, const Type& to);
+
+  // ---- shape
+  Value reshape(Value x, const Shape& shape);
+  Value broadcast_in_dim(Value x, const Shape& shape, const std::vector<int64_t>& dims);
+  Value broadcast_to(Value x, const Shape& shape);  // numpy rules, trailing alignment
+  Value transpose(Value x, const std::vector<int64_t>& perm);
+  Value slice(Value x, const Shape& start, const Shape& limit, const Shape& strides = {});
+  Value dynamic_slice(Value x, const std::vector<Value>& starts, const Shape& sizes);
+  Value dynamic_update_slice(Value x, Value update, const std::vector<Value>& starts);
+  Value concatenate(const std::vector<Value>& xs, int64_t dim);
+  Value pad(Value x, Value pad_value, const Shape& lo, const Shape& hi, const Shape& interior = {});
+  Value reverse(Value x, const std::vector<int64_t>& dims);
+
+  // ---- contractions, reductions
+  Value dot_general(Value a, Value b, const std::vector<int64_t>& lhs_batch,
+                    const std::vector<int64_t>& rhs_batch, const std::vector<int64_t>& lhs_contract,
+                    const std::vector<int64_t>& rhs_contract, ElemType result);
+  // Reduce with a single binary body op ("add", "multiply", "maximum", "minimum", "and", "or").
+  Value reduce(Value x, Value init, const std::vector<int64_t>& dims, std::string_view body_op);
+  std::vector<Value> reduce_multi(
+      const std::vector<Value>& xs, const std::vector<Value>& inits,
+      const std::vector<int64_t>& dims,
+      const std::function<std::vector<Value>(const std::vector<Value>&)>& body);
+  Value reduce_window(Value x, Value init, const Shape& window, const Shape& strides,
+                      const std::vector<std::pair<int64_t, int64_t>>& padding,
+                      std::string_view body_op);
+
+  // ---- gather / scatter (dimension numbers as StableHLO names them)
+  Value gather(Value operand, Value indices, const std::vector<int64_t>& offset_dims,
+               const std::vector<int64_t>& collapsed_slice_dims,
+               const std::vector<int64_t>& start_index_map, int64_t index_vector_dim,
+               const Shape& slice_sizes, const Shape& result_shape,
+               const std::vector<int64_t>& operand_batching_dims = {},
+               const std::vector<int64_t>& start_indices_batching_dims = {});
+  // `combine` is "" for overwrite, otherwise the binary op applied as old (op) update.
+  Value scatter(Value operand, Value indices, Value updates,
+                const std::vector<int64_t>& update_window_dims,
+                const std::vector<int64_t>& inserted_window_dims,
+                const std::vector<int64_t>& scatter_dims_to_operand_dims, int64_t index_vector_dim,
+                std::string_view combine,
+                const std::vector<int64_t>& input_batching_dims = {},
+                const std::vector<int64_t>& scatter_indices_batching_dims = {});
+  // Stable sort of several same-shape operands along `dim`; `less` compares the pairs.
+  std::vector<Value> sort(const std::vector<Value>& xs, int64_t dim,
+                          const std::function<Value(const std::vector<Value>&)>& less);
+
+  // (new_state, bits) from a 2 x ui64 state, with the Philox algorithm.
+  std::pair<Value, Value> rng_bits(Value state, const Type& bits_type);
+
+  static std::string ints(const std::vector<int64_t>& v);  // "1, 2, 3"
+  static std::string dense_array(const std::vector<int64_t>& v);  // "array<i64: 1, 2>"
+
+ private:
+  Value fresh(const Type& t) { return Value{next_id_++, t}; }
+  std::string& body() { return bodies_.back(); }
+  std::vector<Value> args_;
+  std::vector<std::pair<int, int>> aliases_;
+  std::vector<std::string> bodies_{std::string()};
+  int next_id_ = 0;
+};
+
+}  // namespace tpu::shlo

@@ -1,0 +1,110 @@
+"""torch_tpu: PyTorch on TPUs (and any PJRT device), eager by default.
+
+`import torch` loads this package through the `torch.backends` entry point (set
+TORCH_DEVICE_BACKEND_AUTOLOAD=0 to opt out); `import torch_tpu` works as well.
+"""
+
+from __future__ import annotations
+
+import sys
+import types
+from typing import Any
+
+import torch
+
+from torch_tpu import _C, _plugin
+
+__all__ = [
+    "EagerMode",
+    "cache_stats",
+    "dispatch_stats",
+    "fallback_stats",
+    "reset_cache_stats",
+    "reset_fallback_stats",
+    "set_eager_mode",
+    "get_eager_mode",
+    "synchronize",
+]
+
+_loaded = False
+
+
+def _configure_plugin() -> None:
+    try:
+        path, _how = _plugin.find_plugin()
+    except RuntimeError as e:
+        # Keep `import torch` working; the first tpu op raises with this message.
+        _C._configure("", _plugin.num_devices())
+        _state["plugin_error"] = str(e)
+        return
+    _C._configure(path, _plugin.num_devices())
+
+
+_state: dict[str, Any] = {}
+
+
+def _autoload() -> None:
+    """Entry point called by `import torch` (and by `import torch_tpu`). Idempotent."""
+    global _loaded
+    if _loaded:
+        return
+    _loaded = True
+    _configure_plugin()
+    # Same step: C++ PrivateUse1 hooks, then the rename (torch.accelerator needs both).
+    _C._register()
+    torch.utils.rename_privateuse1_backend("tpu")
+    from torch_tpu import device as device_module
+
+    torch._register_device_module("tpu", device_module)
+    torch.utils.generate_methods_for_privateuse1_backend(
+        for_tensor=True, for_module=True, for_packed_sequence=True, for_storage=True
+    )
+    backends = types.ModuleType("torch.backends.tpu")
+    backends.is_available = device_module.is_available  # type: ignore[attr-defined]
+    backends.is_built = lambda: True  # type: ignore[attr-defined]
+    torch.backends.tpu = backends  # type: ignore[attr-defined]
+    sys.modules["torch.backends.tpu"] = backends
+
+    from torch_tpu._internal import execution_mode
+
+    execution_mode._init_from_env()
+
+
+_autoload()
+
+from torch_tpu._internal.execution_mode import EagerMode, get_eager_mode, set_eager_mode  # noqa: E402
+
+
+def synchronize() -> None:
+    _C._synchronize()
+
+
+def cache_stats() -> dict[str, Any]:
+    """Compile-cache counters: op-signature hits, program memory/disk hits, misses, compile ms."""
+    return dict(_C._cache_stats())
+
+
+def reset_cache_stats() -> None:
+    _C._reset_cache_stats()
+
+
+def fallback_stats() -> dict[str, int]:
+    """Calls per ATen op that ran on the CPU fallback (empty when everything was lowered)."""
+    return dict(_C._fallback_stats())
+
+
+def fallback_reasons() -> dict[str, str]:
+    return dict(_C._fallback_reasons())
+
+
+def reset_fallback_stats() -> None:
+    _C._reset_fallback_stats()
+
+
+def dispatch_stats() -> dict[str, int]:
+    """Lowered op launches and device->host reads (host syncs) so far."""
+    return dict(_C._dispatch_stats())
+
+
+def lowered_ops() -> list[str]:
+    return list(_C._lowered_ops())

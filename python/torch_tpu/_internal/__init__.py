@@ -1,0 +1,1 @@
+"""TorchTPU-compatible internal namespace (`torch_tpu._internal.*`)."""

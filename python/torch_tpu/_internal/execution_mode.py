@@ -1,0 +1,66 @@
+"""Eager execution modes, spelled as Google's TorchTPU spells them.
+
+DEFER_NEVER: strict eager (default) - each op launches asynchronously once PJRT accepts it.
+DEFER_NEVER_AND_LAUNCH_BLOCKING: debug eager - waits for every op, so errors name their op.
+DEFER_AND_FUSE: fused eager (records ops and flushes them as one program) - not built yet.
+"""
+
+from __future__ import annotations
+
+import enum
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from torch_tpu import _C
+
+
+class EagerMode(enum.Enum):
+    DEFER_NEVER = 0
+    DEFER_NEVER_AND_LAUNCH_BLOCKING = 1
+    DEFER_AND_FUSE = 2
+
+
+def get_eager_mode() -> EagerMode:
+    return EagerMode(_C._get_eager_mode())
+
+
+def _apply(mode: EagerMode) -> None:
+    if not isinstance(mode, EagerMode):
+        raise TypeError(f"expected a torch_tpu EagerMode, got {mode!r}")
+    if mode is EagerMode.DEFER_AND_FUSE:
+        raise NotImplementedError(
+            "EagerMode.DEFER_AND_FUSE (fused eager) is not implemented yet; use DEFER_NEVER "
+            "(strict, default) or DEFER_NEVER_AND_LAUNCH_BLOCKING (debug), or torch.compile(backend='tpu')"
+        )
+    _C._set_eager_mode(mode.value)
+
+
+class set_eager_mode:  # noqa: N801 - mirrors TorchTPU's spelling; usable as call or context manager
+    """`set_eager_mode(m)` switches the mode; `with set_eager_mode(m):` restores it afterwards."""
+
+    def __init__(self, mode: EagerMode) -> None:
+        self._prev = get_eager_mode()
+        _apply(mode)
+
+    def __enter__(self) -> set_eager_mode:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        _C._set_eager_mode(self._prev.value)
+
+
+@contextmanager
+def eager_mode(mode: EagerMode) -> Iterator[None]:
+    with set_eager_mode(mode):
+        yield
+
+
+def _init_from_env() -> None:
+    if os.environ.get("TORCH_TPU_DEFER_AND_FUSE") == "1":
+        # Never fail `import torch` over an env var: say so and stay in strict eager.
+        import warnings
+
+        warnings.warn("TORCH_TPU_DEFER_AND_FUSE=1 is ignored: fused eager is not implemented yet", stacklevel=2)
+    if os.environ.get("TPU_LAUNCH_BLOCKING") == "1":
+        _apply(EagerMode.DEFER_NEVER_AND_LAUNCH_BLOCKING)

@@ -1,0 +1,280 @@
+"""`torch.tpu`: the device module PyTorch and Hugging Face libraries look up by device name."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from torch_tpu import _C
+
+_initialized = False
+_DeviceLike = int | str | torch.device | None
+
+
+def _index(device: _DeviceLike = None) -> int:
+    if device is None:
+        return current_device()
+    if isinstance(device, int):
+        return device
+    d = torch.device(device)
+    if d.type != "tpu":
+        raise ValueError(f"expected a tpu device, got {d}")
+    return d.index if d.index is not None else current_device()
+
+
+def is_available() -> bool:
+    try:
+        return _C._device_count() > 0
+    except RuntimeError:
+        return False
+
+
+def device_count() -> int:
+    try:
+        return _C._device_count()
+    except RuntimeError:
+        return 0
+
+
+def is_initialized() -> bool:
+    return _initialized
+
+
+def _lazy_init() -> None:
+    global _initialized
+    _C._init()
+    _initialized = True
+
+
+def init() -> None:
+    _lazy_init()
+
+
+def current_device() -> int:
+    return torch._C._accelerator_getDeviceIndex() if _accel_is_tpu() else 0
+
+
+def _accel_is_tpu() -> bool:
+    acc = torch.accelerator.current_accelerator()
+    return acc is not None and acc.type == "tpu"
+
+
+def set_device(device: _DeviceLike) -> None:
+    idx = _index(device)
+    if idx < 0:
+        return
+    _lazy_init()
+    torch.accelerator.set_device_index(idx)
+
+
+class device:  # noqa: N801 - same spelling as torch.cuda.device
+    """Context manager that makes `device` the current tpu device."""
+
+    def __init__(self, device: _DeviceLike) -> None:
+        self.idx = _index(device) if device is not None else -1
+        self.prev = -1
+
+    def __enter__(self) -> device:
+        if self.idx >= 0:
+            self.prev = current_device()
+            set_device(self.idx)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.idx >= 0:
+            set_device(self.prev)
+
+
+def synchronize(device: _DeviceLike = None) -> None:
+    _C._synchronize()
+
+
+def get_device_name(device: _DeviceLike = None) -> str:
+    p = _C._platform()
+    info = _C._device_info(_index(device))
+    return f"{info['kind']} ({p['platform_name']} via PJRT {p['pjrt_api_version']})"
+
+
+@dataclass(frozen=True)
+class _DeviceProperties:
+    name: str
+    platform_name: str
+    platform_version: str
+    pjrt_api_version: str
+    plugin_path: str
+    id: int
+    total_memory: int
+
+
+def get_device_properties(device: _DeviceLike = None) -> _DeviceProperties:
+    idx = _index(device)
+    p = _C._platform()
+    info = _C._device_info(idx)
+    return _DeviceProperties(
+        name=get_device_name(idx),
+        platform_name=p["platform_name"],
+        platform_version=p["platform_version"],
+        pjrt_api_version=p["pjrt_api_version"],
+        plugin_path=p["plugin_path"],
+        id=info["id"],
+        total_memory=_C._mem_get_info(idx)[1],
+    )
+
+
+def get_device_capability(device: _DeviceLike = None) -> tuple[int, int]:
+    return (0, 0)
+
+
+def is_bf16_supported(including_emulation: bool = True) -> bool:
+    return True
+
+
+def get_amp_supported_dtype() -> list[torch.dtype]:
+    return [torch.bfloat16, torch.float16]
+
+
+# ---------------------------------------------------------------- RNG
+def manual_seed(seed: int) -> None:
+    seed = int(seed) & 0xFFFF_FFFF_FFFF_FFFF
+    _C._manual_seed(current_device(), seed)
+
+
+def manual_seed_all(seed: int) -> None:
+    seed = int(seed) & 0xFFFF_FFFF_FFFF_FFFF
+    for i in range(max(device_count(), 1)):
+        _C._manual_seed(i, seed)
+
+
+def seed() -> None:
+    _C._seed(current_device())
+
+
+def seed_all() -> None:
+    s = _C._seed(0)
+    for i in range(1, device_count()):
+        _C._manual_seed(i, s)
+
+
+def initial_seed() -> int:
+    return _C._initial_seed(current_device())
+
+
+def get_rng_state(device: _DeviceLike = "tpu") -> torch.Tensor:
+    raw = _C._get_rng_state(_index(device))
+    return torch.frombuffer(bytearray(raw), dtype=torch.uint8).clone()
+
+
+def set_rng_state(new_state: torch.Tensor, device: _DeviceLike = "tpu") -> None:
+    data = new_state.detach().to("cpu", torch.uint8).contiguous()
+    _C._set_rng_state(_index(device), bytes(data.numpy().tobytes()))
+
+
+def get_rng_state_all() -> list[torch.Tensor]:
+    return [get_rng_state(i) for i in range(device_count())]
+
+
+def set_rng_state_all(new_states: list[torch.Tensor]) -> None:
+    for i, s in enumerate(new_states):
+        set_rng_state(s, i)
+
+
+def _is_in_bad_fork() -> bool:
+    return False
+
+
+# ---------------------------------------------------------------- memory
+def memory_stats(device: _DeviceLike = None) -> dict[str, Any]:
+    return torch.accelerator.memory_stats(_index(device))
+
+
+def memory_allocated(device: _DeviceLike = None) -> int:
+    return torch.accelerator.memory_allocated(_index(device))
+
+
+def max_memory_allocated(device: _DeviceLike = None) -> int:
+    return torch.accelerator.max_memory_allocated(_index(device))
+
+
+def memory_reserved(device: _DeviceLike = None) -> int:
+    return torch.accelerator.memory_reserved(_index(device))
+
+
+def max_memory_reserved(device: _DeviceLike = None) -> int:
+    return torch.accelerator.max_memory_reserved(_index(device))
+
+
+def reset_peak_memory_stats(device: _DeviceLike = None) -> None:
+    torch.accelerator.reset_peak_memory_stats(_index(device))
+
+
+def reset_accumulated_memory_stats(device: _DeviceLike = None) -> None:
+    torch.accelerator.reset_accumulated_memory_stats(_index(device))
+
+
+def mem_get_info(device: _DeviceLike = None) -> tuple[int, int]:
+    return tuple(_C._mem_get_info(_index(device)))  # type: ignore[return-value]
+
+
+def empty_cache() -> None:
+    """Device buffers are freed as soon as their tensors die; nothing is cached to release."""
+
+
+# ---------------------------------------------------------------- streams / events
+class Stream:
+    """The single in-order stream of a tpu device (PJRT orders work by data dependencies)."""
+
+    def __init__(self, device: _DeviceLike = None, priority: int = 0) -> None:
+        self.device = torch.device("tpu", _index(device))
+
+    def synchronize(self) -> None:
+        synchronize()
+
+    def query(self) -> bool:
+        synchronize()
+        return True
+
+    def wait_stream(self, stream: Stream) -> None:
+        return None
+
+    def wait_event(self, event: Event) -> None:
+        return None
+
+    def record_event(self, event: Event | None = None) -> Event:
+        event = event or Event()
+        event.record(self)
+        return event
+
+
+class Event:
+    def __init__(self, enable_timing: bool = False, blocking: bool = False, interprocess: bool = False) -> None:
+        self._recorded = False
+
+    def record(self, stream: Stream | None = None) -> None:
+        self._recorded = True
+
+    def synchronize(self) -> None:
+        synchronize()
+
+    def query(self) -> bool:
+        synchronize()
+        return True
+
+    def wait(self, stream: Stream | None = None) -> None:
+        return None
+
+
+def current_stream(device: _DeviceLike = None) -> Stream:
+    return Stream(device)
+
+
+def default_stream(device: _DeviceLike = None) -> Stream:
+    return Stream(device)
+
+
+@contextlib.contextmanager
+def stream(s: Stream | None) -> Iterator[None]:
+    yield

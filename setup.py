@@ -1,0 +1,31 @@
+"""Builds torch_tpu._C. Sources are globbed from csrc/; pjrt_c_api.h comes from the installed
+xla-cpu-pjrt wheel (never vendored)."""
+
+import glob
+import importlib.util
+import os
+
+from setuptools import setup
+from torch.utils.cpp_extension import BuildExtension, CppExtension
+
+
+def pjrt_include_dir() -> str:
+    spec = importlib.util.find_spec("xla_plugins.xla_cpu_pjrt")
+    if spec is None or not spec.submodule_search_locations:
+        raise RuntimeError("pjrt_c_api.h comes from the xla-cpu-pjrt wheel: pip install xla-cpu-pjrt==0.0.1")
+    return os.path.join(list(spec.submodule_search_locations)[0], "include")
+
+
+sources = sorted(glob.glob("csrc/**/*.cc", recursive=True))
+ext = CppExtension(
+    name="torch_tpu._C",
+    sources=sources,
+    include_dirs=[os.path.abspath("csrc"), pjrt_include_dir()],
+    extra_compile_args=["-std=c++20", "-O2", "-fvisibility=hidden", "-Wno-unused-parameter"],
+    extra_link_args=["-ldl"],
+)
+
+setup(
+    ext_modules=[ext],
+    cmdclass={"build_ext": BuildExtension.with_options(use_ninja=True)},
+)
