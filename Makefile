@@ -4,8 +4,10 @@ VENV := .venv
 PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 STAMP := $(VENV)/.deps-installed-v1
-export CXX := $(shell command -v ccache >/dev/null 2>&1 && echo "ccache g++" || echo g++)
-export CC := $(shell command -v ccache >/dev/null 2>&1 && echo "ccache gcc" || echo gcc)
+# ccache's compiler wrappers (Debian: /usr/lib/ccache) make rebuilds after a checkout cheap.
+export PATH := $(if $(wildcard /usr/lib/ccache/g++),/usr/lib/ccache:,)$(PATH)
+export CXX := g++
+export CC := gcc
 export MAX_JOBS ?= 2
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1

@@ -46,7 +46,8 @@ TpuAllocator& TpuAllocator::get() {
 c10::DataPtr TpuAllocator::allocate(size_t nbytes) {
   int device = 0;
   if (auto idx = c10::impl::getDeviceGuardImpl(kTpu)->getDevice().index(); idx >= 0) device = idx;
-  auto [free_bytes, total] = getMemoryInfo(device);
+  // Capacity is fixed per process; query it once (reading /proc/meminfo per op is costly).
+  static const size_t total = getMemoryInfo(device).second;
   uint64_t addr;
   {
     std::lock_guard<std::mutex> lock(mu_);

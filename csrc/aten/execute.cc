@@ -214,9 +214,25 @@ std::unordered_map<std::string, pjrt::ExecutablePtr>& programs() {
 }
 constexpr size_t kMaxPrograms = 50000;
 
+// Host operands repeat (the same learning rate, the same `+ 1`): keep their device copies.
+// They are never donated, so sharing one buffer between launches is safe.
 pjrt::BufferPtr upload_host(const HostOperand& h, int device) {
+  static std::mutex mu;
+  static auto* cache = std::make_unique<std::unordered_map<std::string, pjrt::BufferPtr>>().release();
+  std::string key(reinterpret_cast<const char*>(h.bytes), sizeof h.bytes);
+  key += static_cast<char>(h.elem);
+  key += static_cast<char>(device);
+  key += static_cast<char>(h.dims.size());
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    if (auto it = cache->find(key); it != cache->end()) return it->second;
+  }
   auto& ctx = runtime::Context::get();
-  return ctx.client().from_host(h.bytes, pjrt_of(h.elem), h.dims, ctx.device(device));
+  auto buf = ctx.client().from_host(h.bytes, pjrt_of(h.elem), h.dims, ctx.device(device));
+  std::lock_guard<std::mutex> lock(mu);
+  if (cache->size() > 4096) cache->clear();
+  cache->emplace(key, buf);
+  return buf;
 }
 
 }  // namespace

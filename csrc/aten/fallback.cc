@@ -13,6 +13,9 @@
 #include <map>
 #include <mutex>
 #include <set>
+#include <shared_mutex>
+#include <sstream>
+#include <unordered_map>
 
 #include <ATen/ops/empty_strided.h>
 #include <ATen/ops/scalar_tensor.h>
@@ -96,6 +99,68 @@ void visit_tensors(const c10::IValue& v, const std::function<void(const at::Tens
   }
 }
 
+struct MetaOut {
+  std::vector<int64_t> sizes, strides;
+  c10::ScalarType dtype;
+};
+struct MetaResult {
+  std::vector<MetaOut> outs;
+};
+std::shared_mutex meta_mu;
+std::unordered_map<std::string, std::shared_ptr<const MetaResult>>& meta_cache() {
+  static auto* m = std::make_unique<std::unordered_map<std::string, std::shared_ptr<const MetaResult>>>().release();
+  return *m;
+}
+
+void key_tensor(std::string& k, const at::Tensor& t) {
+  if (!t.defined()) { k += "N;"; return; }
+  k += static_cast<char>('A' + static_cast<int>(t.scalar_type()));
+  k += t.device().is_cpu() ? 'c' : 'd';
+  for (int64_t d : t.sizes()) { k += std::to_string(d); k += ','; }
+  k += '/';
+  for (int64_t d : t.strides()) { k += std::to_string(d); k += ','; }
+  k += ';';
+}
+
+// Signature of a call for the meta cache; false when the call must not be cached.
+bool meta_key(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args, std::string* key) {
+  const auto& sargs = op.schema().arguments();
+  std::string& k = *key;
+  k.reserve(160);
+  k += op.schema().name();
+  k += '.';
+  k += op.schema().overload_name();
+  k += '|';
+  bool has_input_tensor = false;
+  for (size_t j = 0; j < args.size(); ++j) {
+    const c10::IValue& v = args[j];
+    if (v.isTensor()) {
+      key_tensor(k, v.toTensor());
+      if (!sargs[j].is_out() && v.toTensor().defined()) has_input_tensor = true;
+    } else if (v.isTensorList()) {
+      k += "L";
+      for (const at::Tensor& t : v.toTensorList()) key_tensor(k, t);
+      has_input_tensor = true;
+    } else if (v.isList() && !v.isIntList() && !v.isDoubleList() && !v.isBoolList()) {
+      k += "O";
+      for (const c10::IValue& e : v.toListRef()) key_tensor(k, e.isTensor() ? e.toTensor() : at::Tensor());
+      has_input_tensor = true;
+    } else if (v.isScalar() && hint_of(sargs[j].type()) == NamedArg::Hint::Scalar) {
+      k += v.isDouble() ? "Sf;" : v.isBool() ? "Sb;" : v.isInt() ? "Si;" : "Sc;";
+    } else if (v.isGenerator()) {
+      k += "G;";
+    } else {
+      k += v.tagKind();
+      k += ':';
+      std::stringstream ss;
+      ss << v;
+      k += ss.str();
+      k += ';';
+    }
+  }
+  return has_input_tensor;
+}
+
 // Returns false when the op cannot take the lowered path (the caller then falls back).
 bool run_lowered(const c10::OperatorHandle& op, const lowering::OpEntry& entry,
                  const std::string& base, torch::jit::Stack* stack, std::string* why) {
@@ -132,20 +197,42 @@ bool run_lowered(const c10::OperatorHandle& op, const lowering::OpEntry& entry,
   }
   if (device < 0) device = 0;
 
-  // 1. Output metadata from PyTorch's meta function.
-  if (!op.hasKernelForDispatchKey(c10::DispatchKey::Meta) &&
-      !op.hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutograd)) {
-    *why = "no meta function";
-    return false;
+  // 1. Output metadata from PyTorch's meta function, cached by the call's signature (many meta
+  //    functions are Python and cost ~100 us). Scalar values never change output metadata
+  //    when the op has tensor inputs; pure factories (no tensor input) are not cached.
+  std::string mkey;
+  bool cacheable = meta_key(op, args, &mkey);
+  std::shared_ptr<const MetaResult> mr;
+  if (cacheable) {
+    std::shared_lock<std::shared_mutex> lock(meta_mu);
+    if (auto it = meta_cache().find(mkey); it != meta_cache().end()) mr = it->second;
   }
-  torch::jit::Stack meta;
-  meta.reserve(n);
-  for (const c10::IValue& v : args) meta.push_back(to_meta(v));
-  try {
-    op.callBoxed(&meta);
-  } catch (const std::exception& e) {
-    *why = std::string("meta function failed: ") + e.what();
-    return false;
+  if (!mr) {
+    if (!op.hasKernelForDispatchKey(c10::DispatchKey::Meta) &&
+        !op.hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutograd)) {
+      *why = "no meta function";
+      return false;
+    }
+    torch::jit::Stack meta;
+    meta.reserve(n);
+    for (const c10::IValue& v : args) meta.push_back(to_meta(v));
+    try {
+      op.callBoxed(&meta);
+    } catch (const std::exception& e) {
+      *why = std::string("meta function failed: ") + e.what();
+      return false;
+    }
+    auto res = std::make_shared<MetaResult>();
+    for (size_t i = 0; i < rets.size(); ++i) {
+      const at::Tensor& m = meta[i].toTensor();
+      res->outs.push_back({m.sizes().vec(), m.strides().vec(), m.scalar_type()});
+    }
+    mr = res;
+    if (cacheable) {
+      std::unique_lock<std::shared_mutex> lock(meta_mu);
+      if (meta_cache().size() > 100000) meta_cache().clear();
+      meta_cache().emplace(mkey, mr);
+    }
   }
 
   // 2. Outputs: in-place/out= returns alias an argument (resized if meta resized it);
@@ -153,7 +240,7 @@ bool run_lowered(const c10::OperatorHandle& op, const lowering::OpEntry& entry,
   c10::DeviceGuard guard(c10::Device(kTpu, static_cast<c10::DeviceIndex>(device)));
   std::vector<at::Tensor> outs;
   for (size_t i = 0; i < rets.size(); ++i) {
-    const at::Tensor& m = meta[i].toTensor();
+    const MetaOut& m = mr->outs[i];
     if (rets[i].alias_info()) {
       const auto& before = rets[i].alias_info()->beforeSets();
       at::Tensor real;
@@ -165,15 +252,12 @@ bool run_lowered(const c10::OperatorHandle& op, const lowering::OpEntry& entry,
       }
       TORCH_INTERNAL_ASSERT(real.defined(), "torch_tpu: cannot find the argument aliased by ",
                             schema.name(), "'s output ", i);
-      if (real.sizes() != m.sizes()) real.resize_(m.sizes());
-      if (real.strides() != m.strides() && real.numel() > 0 && real.is_contiguous() == false) {
-        *why = "out= tensor strides differ from the op's";
-        return false;
-      }
+      if (real.sizes() != c10::IntArrayRef(m.sizes)) real.resize_(m.sizes);
       outs.push_back(real);
     } else {
-      outs.push_back(at::empty_strided(m.sizes(), m.strides(),
-                                       m.options().device(c10::Device(kTpu, static_cast<c10::DeviceIndex>(device)))));
+      outs.push_back(at::empty_strided(m.sizes, m.strides,
+                                       at::TensorOptions().dtype(m.dtype).device(
+                                           c10::Device(kTpu, static_cast<c10::DeviceIndex>(device)))));
     }
   }
 
@@ -264,6 +348,30 @@ void tpu_boxed_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet, torch:
     }
   }
   cpu_fallback(op, stack, why);
+}
+
+void register_lowered_kernels() {
+  // Route every overload of a lowered op straight to the boxed kernel. Without this, a
+  // functional op with a CompositeExplicitAutogradNonFunctional kernel (add.Tensor) would
+  // reach us as its out= variant, whose meta function is slow Python. Ops that decompose
+  // (CompositeImplicitAutograd) keep decomposing so autograd still sees their parts.
+  static auto* lib = std::make_unique<torch::Library>(torch::Library::IMPL, "aten",
+                                                      c10::DispatchKey::PrivateUse1, __FILE__, __LINE__)
+                         .release();
+  auto& d = c10::Dispatcher::singleton();
+  for (const c10::OperatorName& on : d.getAllOpNames()) {
+    if (on.name.compare(0, 6, "aten::") != 0) continue;
+    std::string base = on.name.substr(6);
+    bool dunder = base.size() > 4 && base.compare(0, 2, "__") == 0;
+    if (!dunder && base.size() > 1 && base.back() == '_') base.pop_back();
+    if (!lowering::find_op(base)) continue;
+    auto op = d.findOp(on);
+    if (!op || op->hasKernelForDispatchKey(c10::DispatchKey::PrivateUse1) ||
+        op->hasKernelForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd))
+      continue;
+    std::string full = on.name.substr(6) + (on.overload_name.empty() ? "" : "." + on.overload_name);
+    lib->impl(full.c_str(), torch::CppFunction::makeFromBoxedFunction<&tpu_boxed_kernel>());
+  }
 }
 
 TORCH_LIBRARY_IMPL(_, PrivateUse1, m) {

@@ -56,10 +56,13 @@ void TpuHooks::resizePrivateUse1Bytes(const c10::Storage& storage, size_t newsiz
   resize_storage_bytes(storage, newsize);
 }
 
+void register_lowered_kernels();  // fallback.cc
+
 void register_hooks() {
   static bool done = false;
   if (done) return;
   done = true;
+  register_lowered_kernels();
   static TpuHooks* hooks = std::make_unique<TpuHooks>().release();  // process lifetime
   at::RegisterPrivateUse1HooksInterface(hooks);
 }

@@ -356,7 +356,8 @@ TPU_LOWER_ELEMENTWISE(hardsigmoid_backward) {
   ElemType t = arith(c);
   Value g = in(b, c, "grad_output", t), x = in(b, c, "self", t);
   Value inside = b.and_(gt(b, x, k(b, -3, x)), lt(b, x, k(b, 3, x)));
-  return {b.select(inside, b.mul(g, k(b, 1.0 / 6.0, g)), zero(b, g))};
+  // PyTorch multiplies by 1.0f / 6.0f (a float constant) for every dtype.
+  return {b.select(inside, b.mul(g, k(b, static_cast<double>(1.0f / 6.0f), g)), zero(b, g))};
 }
 TPU_LOWER_ELEMENTWISE(hardswish_backward) {
   ElemType t = arith(c);

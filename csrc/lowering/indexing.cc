@@ -4,6 +4,7 @@
 // them (and harmlessly elsewhere: PyTorch raises on them). Out-of-range indices cannot raise
 // here: gather clamps and scatter drops them.
 #include <algorithm>
+#include <functional>
 #include <numeric>
 
 #include "lowering.h"
@@ -66,6 +67,39 @@ std::string combine_for(const std::string& reduce, const char* op) {
   throw Unsupported(std::string(op) + ": reduce='" + reduce + "'");
 }
 
+// Builder::scatter with an arbitrary combiner body (old, update) -> new. Needed because XLA's
+// CPU backend does not propagate NaN through `maximum`/`minimum` inside scatter regions.
+Value scatter_body(Builder& b, Value operand, Value indices, Value updates,
+                   const std::vector<int64_t>& uwd, const std::vector<int64_t>& iwd,
+                   const std::vector<int64_t>& sdod, int64_t index_vector_dim,
+                   const std::function<Value(Value, Value)>& body) {
+  Type st{operand.elem(), {}};
+  std::string reg = b.region({st, st}, [&](const std::vector<Value>& a) {
+    return std::vector<Value>{body(a[0], a[1])};
+  });
+  std::string dn = "scatter_dimension_numbers = #stablehlo.scatter<update_window_dims = [" +
+                   Builder::ints(uwd) + "], inserted_window_dims = [" + Builder::ints(iwd) +
+                   "], scatter_dims_to_operand_dims = [" + Builder::ints(sdod) +
+                   "], index_vector_dim = " + std::to_string(index_vector_dim) +
+                   ">, indices_are_sorted = false, unique_indices = false";
+  return b.op_multi("scatter", {operand, indices, updates}, {operand.type}, dn, reg)[0];
+}
+
+// Scatter with `combine` ("" = overwrite, else a StableHLO binary op name); float
+// maximum/minimum get an explicit NaN-propagating body (PyTorch semantics).
+Value do_scatter(Builder& b, Value operand, Value indices, Value updates,
+                 const std::vector<int64_t>& uwd, const std::vector<int64_t>& iwd,
+                 const std::vector<int64_t>& sdod, int64_t ivd, const std::string& combine) {
+  if (is_float(operand.elem()) && (combine == "maximum" || combine == "minimum")) {
+    return scatter_body(b, operand, indices, updates, uwd, iwd, sdod, ivd, [&](Value x, Value y) {
+      Value m = b.binary(combine, x, y);
+      m = b.select(b.compare(Cmp::NE, y, y), y, m);
+      return b.select(b.compare(Cmp::NE, x, x), x, m);
+    });
+  }
+  return b.scatter(operand, indices, updates, uwd, iwd, sdod, ivd, combine);
+}
+
 // self.scatter_(dim, index, updates) with a combiner. `updates` already has index's shape and
 // self's dtype. Handles 0-d self by viewing it as [1].
 Value scatter_along(Builder& b, Value self, int64_t dim, Value index, Value updates,
@@ -84,7 +118,7 @@ Value scatter_along(Builder& b, Value self, int64_t dim, Value index, Value upda
   }
   int64_t r = self.rank();
   Value coords = dim_coords(b, index, dim, self.shape()[dim]);
-  Value out = b.scatter(self, coords, updates, {}, range(r), range(r), r, combine);
+  Value out = do_scatter(b, self, coords, updates, {}, range(r), range(r), r, combine);
   return b.reshape(out, self_shape);
 }
 
@@ -190,8 +224,12 @@ Value broadcast_values(Builder& b, Value v, const Shape& shape) {
   return b.broadcast_to(b.reshape(v, s), shape);
 }
 
+Value index_put_mask(Builder& b, const OpCall& c);
+
 std::vector<Value> lower_index_put_common(Builder& b, const OpCall& c) {
   Value self = c.tensor("self");
+  for (const auto& t : c.arg("indices").tensors)
+    if (t && (t->elem() == ElemType::Pred || t->elem() == ElemType::U8)) return {index_put_mask(b, c)};
   AdvIndex a = adv_index(b, c.arg("indices"), self.shape());
   Value values = b.convert(c.tensor("values"), self.elem());
   if (a.adv.empty()) {
@@ -204,6 +242,71 @@ std::vector<Value> lower_index_put_common(Builder& b, const OpCall& c) {
   Value out = b.scatter(self, a.coords, updates, a.offset_dims, a.adv, a.adv,
                         static_cast<int64_t>(a.bshape.size()), c.bool_("accumulate") ? "add" : "");
   return {out};
+}
+
+Value prefix_sum_1d(Builder& b, Value x);
+
+// self[..., mask, ...] = values (or +=) for one boolean mask covering dims [p, p + k) and no
+// other index tensors: the i-th true position takes row i of values along dim p (the
+// prefix-sum of the mask gives i), so no data-dependent shape is needed.
+Value index_put_mask(Builder& b, const OpCall& c) {
+  Value self = c.tensor("self");
+  const auto& list = c.arg("indices").tensors;
+  int64_t p = -1, nmask = 0;
+  Value mask;
+  for (size_t i = 0; i < list.size(); ++i) {
+    if (!list[i]) continue;
+    if (list[i]->elem() != ElemType::Pred && list[i]->elem() != ElemType::U8)
+      throw Unsupported("index_put: boolean mask mixed with integer indices");
+    if (++nmask > 1) throw Unsupported("index_put: several boolean masks");
+    p = static_cast<int64_t>(i);
+    mask = b.convert(*list[i], ElemType::Pred);
+  }
+  int64_t k = mask.rank();
+  const Shape& ss = self.shape();
+  if (p + k > self.rank()) throw Unsupported("index_put: mask has too many dims");
+  for (int64_t d = 0; d < k; ++d)
+    if (mask.shape()[d] != ss[p + d]) throw Unsupported("index_put: mask shape mismatch");
+  bool acc = c.bool_("accumulate");
+  Value values = b.convert(c.tensor("values"), self.elem());
+  // Target shape of values: self[:p] + [C] + self[p+k:], C = values' count dim (or 1).
+  Shape t(ss.begin(), ss.begin() + p);
+  t.push_back(1);
+  t.insert(t.end(), ss.begin() + p + k, ss.end());
+  Shape vs = values.shape();
+  while (vs.size() > t.size() && vs.front() == 1) vs.erase(vs.begin());
+  if (vs.size() > t.size()) throw Unsupported("index_put: values do not broadcast");
+  values = b.reshape(values, vs);
+  int64_t off = static_cast<int64_t>(t.size() - vs.size());
+  int64_t count = p >= off ? vs[p - off] : 1;
+  t[p] = count;
+  values = b.broadcast_to(values, t);
+  Value upd;
+  if (count == 1) {
+    Shape u(ss.begin(), ss.begin() + p);
+    for (int64_t d = 0; d < k; ++d) u.push_back(1);
+    u.insert(u.end(), ss.begin() + p + k, ss.end());
+    upd = b.broadcast_to(b.reshape(values, u), ss);
+  } else {
+    int64_t m = mask.type.numel();
+    Value pos = prefix_sum_1d(b, b.convert(b.reshape(mask, {m}), I64));
+    pos = b.clamp(b.constant_i(0, I64, {m}), b.sub(pos, b.constant_i(1, I64, {m})),
+                  b.constant_i(count - 1, I64, {m}));
+    Shape ps = mask.shape();
+    ps.push_back(1);
+    pos = b.reshape(pos, ps);
+    std::vector<int64_t> offset_dims;
+    for (int64_t d = 0; d < static_cast<int64_t>(ss.size()); ++d)
+      if (d < p || d >= p + k) offset_dims.push_back(d);
+    Shape slice = t;
+    slice[p] = 1;
+    upd = b.gather(values, pos, offset_dims, {p}, {p}, k, slice, ss);
+  }
+  std::vector<int64_t> mdims;
+  for (int64_t d = 0; d < k; ++d) mdims.push_back(p + d);
+  Value mb = b.broadcast_in_dim(mask, ss, mdims);
+  if (acc) return b.add(self, b.select(mb, upd, b.zeros(self.type)));
+  return b.select(mb, upd, self);
 }
 
 // Inclusive prefix sum of a 1-D value (Hillis-Steele, log2(n) steps).

@@ -51,12 +51,25 @@ Value fit(Builder& b, Value v, const Type& o) {
 Value rsum(Builder& b, Value x, const std::vector<int64_t>& dims) {
   return b.reduce(x, b.constant_i(0, x.elem()), dims, "add");
 }
+// XLA:CPU's vectorized reduce with a plain maximum/minimum body drops NaNs; PyTorch propagates
+// them, so float bodies pick a NaN operand explicitly.
+Value nan_reduce(Builder& b, Value x, Value init, const std::vector<int64_t>& dims, const char* op) {
+  if (dims.empty()) return x;
+  return b.reduce_multi({x}, {init}, dims, [&](const std::vector<Value>& a) {
+    Value l = a[0], r = a[1];
+    Value m = b.binary(op, l, r);
+    m = b.select(b.compare(Cmp::NE, r, r), r, m);
+    return std::vector<Value>{b.select(b.compare(Cmp::NE, l, l), l, m)};
+  })[0];
+}
 Value rmax(Builder& b, Value x, const std::vector<int64_t>& dims) {
   if (x.elem() == ElemType::Pred) return b.reduce(x, b.constant_i(0, x.elem()), dims, "or");
+  if (shlo::is_float(x.elem())) return nan_reduce(b, x, b.lowest(x.elem()), dims, "maximum");
   return b.reduce(x, b.lowest(x.elem()), dims, "maximum");
 }
 Value rmin(Builder& b, Value x, const std::vector<int64_t>& dims) {
   if (x.elem() == ElemType::Pred) return b.reduce(x, b.constant_i(1, x.elem()), dims, "and");
+  if (shlo::is_float(x.elem())) return nan_reduce(b, x, b.highest(x.elem()), dims, "minimum");
   return b.reduce(x, b.highest(x.elem()), dims, "minimum");
 }
 
