@@ -234,12 +234,17 @@ def test_unary_inplace_out_and_views():
 
 
 # ------------------------------------------------------------------ binary arithmetic
-def binary_variants(fn, dtype, lo=-3, hi=3, lo2=None, hi2=None, nonzero=False, scalar=True, inplace=True):
+def binary_variants(fn, dtype, first, lo=-3, hi=3, lo2=None, hi2=None, nonzero=False, scalar=True,
+                    inplace=True):
+    """All dtypes: same-shape operands. First dtype of an op also: broadcasting, Python scalar,
+    0-d CPU and device tensors, in-place and out= (keeps the number of compiled programs low)."""
     x = rand(SHAPE, dtype, lo, hi)
     y = rand(SHAPE, dtype, lo if lo2 is None else lo2, hi if hi2 is None else hi2, seed=1)
     if nonzero:
         y = torch.where(y == 0, torch.ones_like(y), y)
     check(fn, x, y)
+    if not first:
+        return
     check(fn, x, y[0])  # broadcast
     check(fn, x[:, :1], y)  # broadcast the other way
     if scalar:
@@ -295,8 +300,8 @@ CASES = [(n, d) for n, (_, ds, _) in ARITH.items() for d in ds]
 
 @pytest.mark.parametrize("name,dtype", CASES, ids=[f"{n}-{str(d).split('.')[-1]}" for n, d in CASES])
 def test_binary(name, dtype):
-    fn, _, kw = ARITH[name]
-    binary_variants(fn, dtype, **kw)
+    fn, dtypes, kw = ARITH[name]
+    binary_variants(fn, dtype, dtype == dtypes[0], **kw)
 
 
 def test_binary_nan_and_signed_zero():
@@ -368,7 +373,7 @@ def test_shifts(dtype):
 CMPS = {"eq": torch.eq, "ne": torch.ne, "lt": torch.lt, "le": torch.le, "gt": torch.gt, "ge": torch.ge}
 
 
-@pytest.mark.parametrize("dtype", FLOATS + [torch.int32, torch.int64, torch.bool])
+@pytest.mark.parametrize("dtype", FLOATS + [torch.int64, torch.bool])
 @pytest.mark.parametrize("name", sorted(CMPS))
 def test_compare(name, dtype):
     fn = CMPS[name]
@@ -377,11 +382,12 @@ def test_compare(name, dtype):
     if dtype.is_floating_point:
         x.view(-1)[0] = math.nan
     check(fn, x, y)
+    if dtype != torch.float32:
+        return
     check(fn, x, y[1])
     check(lambda a: fn(a, 1), x)
     check(lambda a, b: fn(a, b, out=torch.empty(SHAPE, dtype=torch.bool, device=a.device)), x, y)
-    if dtype != torch.bool:
-        check(lambda a: getattr(a.clone(), name + "_")(0), x)
+    check(lambda a: getattr(a.clone(), name + "_")(0), x)
 
 
 # ------------------------------------------------------------------ ternary / clamp / where

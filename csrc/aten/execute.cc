@@ -282,7 +282,19 @@ void run_lowering(const std::string& name, const std::string& overload,
   int64_t rng_numel = 1;
   for (const auto& o : outs) rng_numel = std::max<int64_t>(rng_numel, o.numel());
 
-  for (const auto& a : args) {
+  // Random ops without a Generator argument (native_dropout) still draw from the device's.
+  std::vector<NamedArg> extra;
+  if (entry.random) {
+    bool has_gen = false;
+    for (const auto& a : args) has_gen |= a.hint == NamedArg::Hint::Generator;
+    if (!has_gen) extra.push_back({"generator", c10::IValue(), NamedArg::Hint::Generator});
+  }
+  std::vector<const NamedArg*> all_args;
+  for (const auto& a : args) all_args.push_back(&a);
+  for (const auto& a : extra) all_args.push_back(&a);
+
+  for (const NamedArg* ap_src : all_args) {
+    const NamedArg& a = *ap_src;
     ArgPlan ap{&a};
     const c10::IValue& v = a.value;
     if (a.hint == NamedArg::Hint::Ignore) {
@@ -290,7 +302,7 @@ void run_lowering(const std::string& name, const std::string& overload,
     } else if (a.hint == NamedArg::Hint::Generator) {
       c10::optional<at::Generator> g;
       if (v.isGenerator()) g = v.toGenerator();
-      int dev = plan.device >= 0 ? plan.device : (outs.empty() ? 0 : outs[0].device().index());
+      int dev = !outs.empty() ? outs[0].device().index() : std::max(plan.device, 0);
       at::Generator gen = g.has_value() && g->defined() ? *g : default_generator(dev);
       TORCH_CHECK(gen.device().type() == kTpu, "Expected a 'tpu' device type for generator but found '",
                   gen.device().str(), "'");

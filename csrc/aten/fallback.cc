@@ -334,12 +334,52 @@ void reset_fallback_stats() {
   fallback_reasons().clear();
 }
 
+namespace {
+// Ops whose output shape depends on the data: they read their inputs back to the host (one
+// documented sync), compute there, and upload the result. Counted as host syncs, not fallbacks.
+bool is_host_sync_op(const std::string& base) {
+  return base == "nonzero" || base == "masked_select" || base == "_unique2" || base == "unique_dim" ||
+         base == "unique_consecutive" || base == "_unique" || base == "nonzero_static";
+}
+
+// x[bool_mask]: the mask becomes integer indices on the host (one sync), then the lowered
+// integer-index gather runs on the device.
+void convert_bool_indices(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  const auto& sargs = op.schema().arguments();
+  auto args = torch::jit::last(*stack, sargs.size());
+  for (size_t j = 0; j < sargs.size(); ++j) {
+    if (sargs[j].name() != "indices" || !args[j].isList()) continue;
+    c10::List<std::optional<at::Tensor>> fixed;
+    bool changed = false;
+    for (const c10::IValue& e : args[j].toListRef()) {
+      if (e.isTensor() && (e.toTensor().scalar_type() == at::kBool || e.toTensor().scalar_type() == at::kByte)) {
+        const at::Tensor& mask = e.toTensor();
+        at::Tensor nz = mask.to(c10::kCPU).nonzero();
+        dispatch_stats().host_syncs++;
+        for (int64_t d = 0; d < mask.dim(); ++d)
+          fixed.push_back(nz.select(1, d).to(mask.device().type() == kTpu ? mask.device() : c10::Device(kTpu, 0)));
+        changed = true;
+      } else {
+        fixed.push_back(e.isTensor() ? std::optional<at::Tensor>(e.toTensor()) : std::nullopt);
+      }
+    }
+    if (changed) (*stack)[stack->size() - sargs.size() + j] = fixed;
+  }
+}
+}  // namespace
+
 void tpu_boxed_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stack* stack) {
   const std::string& full = op.schema().name();
   std::string base = full.substr(full.find("::") + 2);
   bool dunder = base.size() > 4 && base.compare(0, 2, "__") == 0;
   if (!dunder && base.size() > 1 && base.back() == '_') base.pop_back();
   std::string why = "no lowering";
+  if (is_host_sync_op(base)) {
+    dispatch_stats().host_syncs++;
+    at::native::cpu_fallback(op, stack, false);
+    return;
+  }
+  if (base == "index") convert_bool_indices(op, stack);
   if (const lowering::OpEntry* entry = lowering::find_op(base)) {
     try {
       if (run_lowered(op, *entry, base, stack, &why)) return;

@@ -83,6 +83,9 @@ struct OpEntry {
   // Pointwise over same-shaped inputs: the runtime may flatten contiguous operands to 1-D so
   // one compiled program serves every shape with the same element count.
   bool elementwise = false;
+  // Consumes random numbers: the runtime passes the device generator's Philox state as the
+  // Tensor argument "generator" (u64[2] = seed, offset) even when the schema has none.
+  bool random = false;
 };
 
 void register_op(const std::string& name, OpEntry entry);
@@ -90,22 +93,25 @@ const OpEntry* find_op(const std::string& name);
 std::vector<std::string> registered_ops();
 
 struct Registrar {
-  Registrar(const char* name, LowerFn fn, bool elementwise) { register_op(name, {fn, elementwise}); }
+  Registrar(const char* name, LowerFn fn, bool elementwise, bool random = false) {
+    register_op(name, {fn, elementwise, random});
+  }
 };
 
 // TPU_LOWER(name) { ... return {...}; }  registers a lowering for ATen base name `name`.
 #define TPU_LOWERING_CAT2(a, b) a##b
 #define TPU_LOWERING_CAT(a, b) TPU_LOWERING_CAT2(a, b)
-#define TPU_LOWER_IMPL(opname, elementwise)                                                    \
+#define TPU_LOWER_IMPL(opname, elementwise, ...)                                               \
   static std::vector<::tpu::lowering::Value> TPU_LOWERING_CAT(lower_, opname)(             \
       ::tpu::lowering::Builder&, const ::tpu::lowering::OpCall&);                            \
   static ::tpu::lowering::Registrar TPU_LOWERING_CAT(reg_, opname)(                         \
-      #opname, &TPU_LOWERING_CAT(lower_, opname), elementwise);                              \
+      #opname, &TPU_LOWERING_CAT(lower_, opname), elementwise __VA_OPT__(,) __VA_ARGS__);   \
   static std::vector<::tpu::lowering::Value> TPU_LOWERING_CAT(lower_, opname)(             \
       [[maybe_unused]] ::tpu::lowering::Builder & b,                                         \
       [[maybe_unused]] const ::tpu::lowering::OpCall& c)
 #define TPU_LOWER(opname) TPU_LOWER_IMPL(opname, false)
 #define TPU_LOWER_ELEMENTWISE(opname) TPU_LOWER_IMPL(opname, true)
+#define TPU_LOWER_RANDOM(opname) TPU_LOWER_IMPL(opname, false, true)
 
 // ---- helpers shared by lowering files (helpers.cc)
 // PyTorch computes float16/bfloat16 math in float32 ("opmath"); everything else in its own type.

@@ -194,11 +194,11 @@ TPU_LOWER(native_layer_norm_backward) {
   } else {
     res.push_back(undefined_out(b, c, 0));
   }
-  if (mask[1] && c.has("weight")) res.push_back(fit(b, sum_drop(b, b.mul(go, xhat), outer), out_type(c, 1)));
+  // grad_weight / grad_bias when requested and the output has the normalized shape's size.
+  auto wanted = [&](size_t i) { return mask[i] && i < c.outs.size() && c.outs[i].numel() == n; };
+  if (wanted(1)) res.push_back(fit(b, sum_drop(b, b.mul(go, xhat), outer), out_type(c, 1)));
   else res.push_back(undefined_out(b, c, 1));
-  if (mask[2] && c.has("bias")) res.push_back(fit(b, sum_drop(b, go, outer), out_type(c, 2)));
-  else if (mask[2] && c.outs.size() > 2 && c.outs[2].numel() > 0)
-    res.push_back(fit(b, sum_drop(b, go, outer), out_type(c, 2)));
+  if (wanted(2)) res.push_back(fit(b, sum_drop(b, go, outer), out_type(c, 2)));
   else res.push_back(undefined_out(b, c, 2));
   return res;
 }
@@ -305,7 +305,8 @@ TPU_LOWER(_fused_rms_norm_backward) {
   } else {
     res.push_back(undefined_out(b, c, 0));
   }
-  if (mask[1] && c.has("weight")) res.push_back(fit(b, sum_drop(b, b.mul(go, xhat), outer), out_type(c, 1)));
+  if (mask[1] && c.outs.size() > 1 && c.outs[1].numel() == n)
+    res.push_back(fit(b, sum_drop(b, b.mul(go, xhat), outer), out_type(c, 1)));
   else res.push_back(undefined_out(b, c, 1));
   return res;
 }

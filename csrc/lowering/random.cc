@@ -1,0 +1,165 @@
+// Random number generation on the device: Philox bits from the generator state operand
+// (u64[2] = seed, offset; never a constant, so reseeding never recompiles), shaped into
+// PyTorch's distributions. Reproducible under manual_seed; not bit-identical to the CPU.
+#include <cmath>
+
+#include "lowering.h"
+
+namespace tpu::lowering {
+
+namespace {
+
+// Uniform [0, 1) in f32 (or f64 for double outputs) from raw bits.
+Value uniform01(Builder& b, const OpCall& c, ElemType t, const Shape& shape) {
+  Value state = c.tensor("generator");
+  if (t == ElemType::F64) {
+    auto [ns, bits] = b.rng_bits(state, Type{ElemType::U64, shape});
+    Value mant = b.binary("shift_right_logical", bits, b.constant_i(12, ElemType::U64, shape));
+    Value one = b.or_(mant, b.constant_i(0x3FF0000000000000LL, ElemType::U64, shape));
+    Value f = b.bitcast(one, Type{ElemType::F64, shape});
+    return b.sub(f, b.constant_f(1.0, ElemType::F64, shape));
+  }
+  auto [ns, bits] = b.rng_bits(state, Type{ElemType::U32, shape});
+  Value mant = b.binary("shift_right_logical", bits, b.constant_i(9, ElemType::U32, shape));
+  Value one = b.or_(mant, b.constant_i(0x3F800000, ElemType::U32, shape));
+  Value f = b.bitcast(one, Type{ElemType::F32, shape});
+  return b.sub(f, b.constant_f(1.0, ElemType::F32, shape));
+}
+
+ElemType float_compute(ElemType out) { return out == ElemType::F64 ? ElemType::F64 : ElemType::F32; }
+
+// Box-Muller normal(0, 1) in f32/f64.
+Value std_normal(Builder& b, const OpCall& c, ElemType t, const Shape& shape) {
+  Shape two = shape;
+  two.insert(two.begin(), 2);
+  Value u = uniform01(b, c, t, two);
+  Shape start(two.size(), 0), lim = two;
+  lim[0] = 1;
+  Value u1 = b.reshape(b.slice(u, start, lim), shape);
+  start[0] = 1;
+  lim[0] = 2;
+  Value u2 = b.reshape(b.slice(u, start, lim), shape);
+  Value one = b.constant_f(1.0, t, shape);
+  Value r = b.sqrt(b.mul(b.constant_f(-2.0, t, shape), b.log(b.sub(one, u1))));  // 1-u1 in (0,1]
+  Value th = b.mul(b.constant_f(2.0 * M_PI, t, shape), u2);
+  return b.mul(r, b.unary("cosine", th));
+}
+
+}  // namespace
+
+TPU_LOWER_RANDOM(uniform) {
+  const Type& o = out_type(c);
+  ElemType t = float_compute(o.elem);
+  Value u = uniform01(b, c, t, o.shape);
+  Value lo = operand(b, c.arg("from"), t, o.shape);
+  Value hi = operand(b, c.arg("to"), t, o.shape);
+  Value r = b.add(lo, b.mul(u, b.sub(hi, lo)));
+  if (o.elem != t) {
+    // Rounding to a narrower float must not produce `to` itself.
+    Value n = b.convert(r, o.elem);
+    Value back = b.convert(n, t);
+    return {b.select(b.compare(Cmp::GE, back, hi), b.convert(lo, o.elem), n)};
+  }
+  return {r};
+}
+
+TPU_LOWER_RANDOM(normal) {
+  const Type& o = out_type(c);
+  ElemType t = float_compute(o.elem);
+  Value z = std_normal(b, c, t, o.shape);
+  Value mean = c.has("mean") ? operand(b, c.arg("mean"), t, o.shape) : b.constant_f(0, t, o.shape);
+  Value sd = c.has("std") ? operand(b, c.arg("std"), t, o.shape) : b.constant_f(1, t, o.shape);
+  return {b.add(mean, b.mul(z, sd))};
+}
+
+TPU_LOWER_RANDOM(exponential) {
+  const Type& o = out_type(c);
+  ElemType t = float_compute(o.elem);
+  Value u = uniform01(b, c, t, o.shape);
+  Value l = operand(b, c.arg("lambd"), t, o.shape);
+  Value one = b.constant_f(1.0, t, o.shape);
+  return {b.div(b.neg(b.log(b.sub(one, u))), l)};
+}
+
+TPU_LOWER_RANDOM(bernoulli) {
+  const Type& o = out_type(c);
+  Value u = uniform01(b, c, ElemType::F64, o.shape);
+  Value p;
+  if (c.has("p")) {
+    p = operand(b, c.arg("p"), ElemType::F64, o.shape);
+  } else {
+    p = cast_to(b, c.tensor("self"), ElemType::F64, o.shape);  // bernoulli(self): self holds p
+  }
+  return {b.convert(b.compare(Cmp::LT, u, p), o.elem)};
+}
+
+TPU_LOWER_RANDOM(random) {
+  // random_(): [0, 2^digits]; random_(to): [0, to); random_(from, to): [from, to).
+  const Type& o = out_type(c);
+  Value state = c.tensor("generator");
+  auto [ns, bits] = b.rng_bits(state, Type{ElemType::U64, o.shape});
+  Value lo, range;
+  if (c.has("from")) {
+    lo = b.convert(c.arg("from").kind == Arg::Kind::Int ? b.constant_i(c.arg("from").i, ElemType::S64)
+                                                          : operand(b, c.arg("from"), ElemType::S64, {}),
+                   ElemType::S64);
+  } else {
+    lo = b.constant_i(0, ElemType::S64);
+  }
+  if (c.has("to")) {
+    Value hi = c.arg("to").kind == Arg::Kind::Int ? b.constant_i(c.arg("to").i, ElemType::S64)
+                                                    : operand(b, c.arg("to"), ElemType::S64, {});
+    range = b.sub(hi, lo);
+  } else {
+    int64_t digits;
+    switch (o.elem) {
+      case ElemType::F32: digits = 24; break;
+      case ElemType::F64: digits = 53; break;
+      case ElemType::F16: digits = 11; break;
+      case ElemType::BF16: digits = 8; break;
+      case ElemType::Pred: digits = 1; break;
+      default: digits = shlo::bit_width(o.elem) - (shlo::is_unsigned(o.elem) ? 0 : 1); break;
+    }
+    if (digits >= 63) {
+      // Full int64 range: the raw bits reinterpreted (non-negative for signed types).
+      Value r = b.binary("shift_right_logical", bits, b.constant_i(1, ElemType::U64, o.shape));
+      return {b.convert(b.bitcast(r, Type{ElemType::S64, o.shape}), o.elem)};
+    }
+    range = b.constant_i((int64_t{1} << digits) + (o.elem == ElemType::Pred ? 0 : 1), ElemType::S64);
+    if (shlo::is_float(o.elem)) range = b.constant_i((int64_t{1} << digits) + 1, ElemType::S64);
+  }
+  Value r64 = b.bitcast(b.binary("shift_right_logical", bits, b.constant_i(1, ElemType::U64, o.shape)),
+                        Type{ElemType::S64, o.shape});
+  Value v = b.add(b.broadcast_to(lo, o.shape), b.rem(r64, b.broadcast_to(range, o.shape)));
+  return {b.convert(v, o.elem)};
+}
+
+TPU_LOWER_RANDOM(randperm) {
+  const Type& o = out_type(c);
+  int64_t n = o.shape.empty() ? 1 : o.shape[0];
+  Value state = c.tensor("generator");
+  auto [ns, keys] = b.rng_bits(state, Type{ElemType::U32, {n}});
+  Value idx = b.iota(Type{ElemType::S64, {n}}, 0);
+  auto sorted = b.sort({keys, idx}, 0, [&](const std::vector<Value>& a) {
+    return b.compare(Cmp::LT, a[0], a[1]);
+  });
+  return {b.convert(sorted[1], o.elem)};
+}
+
+TPU_LOWER_RANDOM(native_dropout) {
+  const Type& o = out_type(c, 0);
+  Value x = c.tensor("input");
+  ElemType t = opmath(o.elem);
+  bool train = !c.has("train") || c.arg("train").b;
+  double p = c.double_("p");
+  if (!train || p == 0) {
+    return {x, b.constant_i(1, ElemType::Pred, o.shape)};
+  }
+  Value u = uniform01(b, c, ElemType::F32, o.shape);
+  Value keep = b.compare(Cmp::GE, u, b.constant_f(p, ElemType::F32, o.shape));
+  Value scale = b.constant_f(p >= 1 ? 0.0 : 1.0 / (1.0 - p), t, o.shape);
+  Value y = b.select(keep, b.mul(b.convert(x, t), scale), b.zeros(Type{t, o.shape}));
+  return {y, keep};
+}
+
+}  // namespace tpu::lowering
