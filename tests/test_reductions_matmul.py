@@ -121,9 +121,8 @@ def rand(shape, dtype=torch.float32, lo=-3, hi=3, seed=0):
     return torch.randint(lo, hi, shape, generator=g, dtype=dtype)
 
 
-# The runtime does not yet pass bool[] arguments (output_mask) to lowerings.
-NEEDS_BOOL_LIST = pytest.mark.xfail(reason="runtime: bool[] output_mask argument not supported yet",
-                                    strict=False)
+# Norm backward ops take a bool[] output_mask (the runtime passes it as 0/1 ints).
+NEEDS_BOOL_LIST = pytest.mark.usefixtures()
 
 FLOATS = [torch.float32, torch.bfloat16, torch.float64]
 DIMS = [None, 0, -1, (0, 2), ()]

@@ -190,8 +190,21 @@ struct ArgPlan {
   std::vector<std::optional<int>> list_host;   // list entries that are host 0-d tensors
 };
 
+// bool[N] arguments (output_mask) may arrive as generic lists of bools.
+bool is_bool_list(const c10::IValue& v) {
+  if (v.isBoolList()) return true;
+  if (!v.isList()) return false;
+  auto l = v.toListRef();
+  return !l.empty() && l[0].isBool();
+}
+
 std::vector<int64_t> int_list(const c10::IValue& v) {
   if (v.isIntList()) return v.toIntVector();
+  if (is_bool_list(v)) {
+    std::vector<int64_t> out;
+    for (const c10::IValue& e : v.toListRef()) out.push_back(e.toBool() ? 1 : 0);
+    return out;
+  }
   std::vector<int64_t> out;
   for (const c10::SymInt& x : v.toSymIntList()) out.push_back(x.expect_int());
   return out;
@@ -280,7 +293,8 @@ void run_lowering(const std::string& name, const std::string& overload,
   std::vector<ArgPlan> aps;
   aps.reserve(args.size());
   int64_t rng_numel = 1;
-  for (const auto& o : outs) rng_numel = std::max<int64_t>(rng_numel, o.numel());
+  for (const auto& o : outs)
+    if (o.defined()) rng_numel = std::max<int64_t>(rng_numel, o.numel());
 
   // Random ops without a Generator argument (native_dropout) still draw from the device's.
   std::vector<NamedArg> extra;
@@ -302,7 +316,9 @@ void run_lowering(const std::string& name, const std::string& overload,
     } else if (a.hint == NamedArg::Hint::Generator) {
       c10::optional<at::Generator> g;
       if (v.isGenerator()) g = v.toGenerator();
-      int dev = !outs.empty() ? outs[0].device().index() : std::max(plan.device, 0);
+      int dev = std::max(plan.device, 0);
+      for (const auto& o : outs)
+        if (o.defined()) { dev = o.device().index(); break; }
       at::Generator gen = g.has_value() && g->defined() ? *g : default_generator(dev);
       TORCH_CHECK(gen.device().type() == kTpu, "Expected a 'tpu' device type for generator but found '",
                   gen.device().str(), "'");
@@ -332,7 +348,7 @@ void run_lowering(const std::string& name, const std::string& overload,
         TORCH_CHECK(false, "Expected all tensors to be on the same device, but found at least two "
                     "devices, tpu:", dev, " and ", t.device().str(), "!");
       }
-    } else if (v.isTensorList() || (v.isList() && !v.isIntList() && !v.isDoubleList() && !v.isBoolList())) {
+    } else if (v.isTensorList() || (v.isList() && !v.isIntList() && !v.isDoubleList() && !is_bool_list(v))) {
       ap.kind = v.isTensorList() ? Arg::Kind::TensorList : Arg::Kind::OptTensorList;
       plan.key += "L[";
       auto add_one = [&](const at::Tensor& t) {
@@ -374,7 +390,7 @@ void run_lowering(const std::string& name, const std::string& overload,
     } else if (v.isDouble()) {
       ap.kind = Arg::Kind::Double;
       plan.key += "d" + std::to_string(v.toDouble()) + ";";
-    } else if (v.isIntList() || v.isSymIntList()) {
+    } else if (v.isIntList() || v.isSymIntList() || is_bool_list(v)) {
       ap.kind = Arg::Kind::IntList;
       plan.key += "l";
       for (int64_t x : int_list(v))
@@ -396,6 +412,11 @@ void run_lowering(const std::string& name, const std::string& overload,
   std::vector<TensorRef> out_refs;
   plan.key += "->";
   for (const auto& o : outs) {
+    if (!o.defined()) {  // an output the caller did not ask for
+      out_refs.push_back(TensorRef{-1});
+      plan.key += "U;";
+      continue;
+    }
     TensorRef r = pl.ref(o);
     Slot& s = plan.slots[r.slot];
     s.written = true;
@@ -481,12 +502,13 @@ void run_lowering(const std::string& name, const std::string& overload,
       }
       call.args.emplace_back(ap.src->name, std::move(a));
     }
-    for (const auto& r : out_refs) call.outs.push_back(Type{r.view.elem, r.logical});
+    for (const auto& r : out_refs) call.outs.push_back(Type{r.view.elem, r.logical});  // undefined: empty
     std::vector<Value> res = entry.fn(b, call);
     TORCH_INTERNAL_ASSERT(res.size() >= outs.size(), "torch_tpu: lowering of ", name, " returned ",
                           res.size(), " values for ", outs.size(), " outputs");
     for (size_t i = 0; i < outs.size(); ++i) {
       const TensorRef& r = out_refs[i];
+      if (r.slot < 0) continue;
       Value v = b.convert(res[i], r.view.elem);
       if (v.shape() != r.view.sizes) {
         TORCH_INTERNAL_ASSERT(v.type.numel() == numel_of(r.view.sizes),

@@ -141,7 +141,8 @@ bool meta_key(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args, st
       k += "L";
       for (const at::Tensor& t : v.toTensorList()) key_tensor(k, t);
       has_input_tensor = true;
-    } else if (v.isList() && !v.isIntList() && !v.isDoubleList() && !v.isBoolList()) {
+    } else if (v.isList() && !v.isIntList() && !v.isDoubleList() && !v.isBoolList() &&
+               !(v.toListRef().size() > 0 && v.toListRef()[0].isBool())) {
       k += "O";
       for (const c10::IValue& e : v.toListRef()) key_tensor(k, e.isTensor() ? e.toTensor() : at::Tensor());
       has_input_tensor = true;
@@ -225,6 +226,10 @@ bool run_lowered(const c10::OperatorHandle& op, const lowering::OpEntry& entry,
     auto res = std::make_shared<MetaResult>();
     for (size_t i = 0; i < rets.size(); ++i) {
       const at::Tensor& m = meta[i].toTensor();
+      if (!m.defined()) {  // e.g. a backward op whose output_mask skips this gradient
+        res->outs.push_back({{}, {}, c10::ScalarType::Undefined});
+        continue;
+      }
       res->outs.push_back({m.sizes().vec(), m.strides().vec(), m.scalar_type()});
     }
     mr = res;
@@ -241,6 +246,10 @@ bool run_lowered(const c10::OperatorHandle& op, const lowering::OpEntry& entry,
   std::vector<at::Tensor> outs;
   for (size_t i = 0; i < rets.size(); ++i) {
     const MetaOut& m = mr->outs[i];
+    if (m.dtype == c10::ScalarType::Undefined) {
+      outs.emplace_back();
+      continue;
+    }
     if (rets[i].alias_info()) {
       const auto& before = rets[i].alias_info()->beforeSets();
       at::Tensor real;
@@ -283,9 +292,11 @@ bool run_lowered(const c10::OperatorHandle& op, const lowering::OpEntry& entry,
     }
     named.push_back(std::move(a));
   }
-  c10::ScalarType common = any ? at::native::result_type(rts)
-                               : (outs.empty() ? c10::kFloat : outs[0].scalar_type());
-  if (!supported_dtype(common)) common = outs.empty() ? c10::kFloat : outs[0].scalar_type();
+  c10::ScalarType fallback_common = c10::kFloat;
+  for (const auto& o : outs)
+    if (o.defined()) { fallback_common = o.scalar_type(); break; }
+  c10::ScalarType common = any ? at::native::result_type(rts) : fallback_common;
+  if (!supported_dtype(common)) common = fallback_common;
 
   run_lowering(base, schema.overload_name(), entry, named, outs, common);
 

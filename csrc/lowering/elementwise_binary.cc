@@ -254,6 +254,18 @@ TPU_LOWER_ELEMENTWISE(clamp) { return clamp_impl(b, c, "min", "max"); }
 TPU_LOWER_ELEMENTWISE(clamp_min) { return clamp_impl(b, c, "min", nullptr); }
 TPU_LOWER_ELEMENTWISE(clamp_max) { return clamp_impl(b, c, nullptr, "max"); }
 
+static Value logaddexp_impl(Builder& b, const OpCall& c, bool base2) {
+  ElemType t = float_type(c);
+  Value x = in(b, c, "self", t), y = in(b, c, "other", t);
+  Value m = b.max(x, y);
+  Value d = b.neg(b.abs(b.sub(x, y)));
+  Value r = base2 ? b.add(m, b.mul(log1p(b, b.pow(k(b, 2, d), d)), k(b, 1.0 / M_LN2, d)))
+                  : b.add(m, log1p(b, b.exp(d)));
+  return b.select(b.and_(isinf(b, x), eq(b, x, y)), x, r);
+}
+TPU_LOWER_ELEMENTWISE(logaddexp) { return {logaddexp_impl(b, c, false)}; }
+TPU_LOWER_ELEMENTWISE(logaddexp2) { return {logaddexp_impl(b, c, true)}; }
+
 // ------------------------------------------------------------------ comparisons, logic, bits
 TPU_LOWER_ELEMENTWISE(eq) { return compare_op(b, c, Cmp::EQ); }
 TPU_LOWER_ELEMENTWISE(ne) { return compare_op(b, c, Cmp::NE); }
@@ -371,6 +383,22 @@ TPU_LOWER_ELEMENTWISE(mish_backward) {
   Value s = sigmoid(b, x);
   Value ts = tanh(b, log1p(b, b.exp(x)));
   return {b.mul(g, b.add(ts, b.mul(b.mul(x, s), b.sub(k(b, 1, ts), b.mul(ts, ts)))))};
+}
+static std::vector<Value> shrink_backward(Builder& b, const OpCall& c, const char* grad) {
+  ElemType t = arith(c);
+  Value g = in(b, c, grad, t), x = in(b, c, "self", t), l = in(b, c, "lambd", t);
+  Value inside = b.and_(ge(b, x, b.neg(l)), le(b, x, l));
+  return {b.select(inside, zero(b, g), g)};
+}
+TPU_LOWER_ELEMENTWISE(hardshrink_backward) { return shrink_backward(b, c, "grad_out"); }
+TPU_LOWER_ELEMENTWISE(softshrink_backward) { return shrink_backward(b, c, "grad_output"); }
+TPU_LOWER_ELEMENTWISE(log_sigmoid_backward) {
+  ElemType t = arith(c);
+  Value g = in(b, c, "grad_output", t), x = in(b, c, "self", t), z = in(b, c, "buffer", t);
+  Value neg = lt(b, x, zero(b, x));
+  Value max_deriv = b.select(neg, k(b, 1, x), zero(b, x));
+  Value sign = b.select(neg, k(b, 1, x), k(b, -1, x));
+  return {b.mul(b.sub(max_deriv, b.mul(sign, b.div(z, b.add(k(b, 1, z), z)))), g)};
 }
 TPU_LOWER_ELEMENTWISE(logit_backward) {
   ElemType t = arith(c);

@@ -60,11 +60,12 @@ Value signbit(Builder& b, Value x) {
   Value bits = b.bitcast(x, Type{it, x.shape()});
   return lt(b, bits, b.zeros(bits.type));
 }
+Value log1p(Builder& b, Value x) { return b.unary("log_plus_one", x); }
 // exp(x) - 1 without cancellation (Kahan): u = exp(x); (u - 1) * x / log(u).
 Value expm1(Builder& b, Value x) {
   Value u = b.exp(x);
   Value um1 = b.sub(u, k(b, 1, x));
-  Value r = b.mul(um1, b.div(x, b.log(u)));
+  Value r = b.mul(um1, b.div(x, log1p(b, um1)));  // um1 is exact; log1p(um1) == log(u)
   r = b.select(eq(b, um1, k(b, -1, x)), um1, r);
   r = b.select(eq(b, u, k(b, INFINITY, x)), u, r);
   return b.select(eq(b, u, k(b, 1, x)), x, r);
@@ -230,7 +231,6 @@ Value tanh(Builder& b, Value x) {
   r = b.select(isnan(b, x), x, r);
   return b.select(signbit(b, x), b.neg(r), r);
 }
-Value log1p(Builder& b, Value x) { return b.unary("log_plus_one", x); }
 Value sigmoid(Builder& b, Value x) {
   return b.div(k(b, 1, x), b.add(k(b, 1, x), b.exp(b.neg(x))));
 }
@@ -380,6 +380,30 @@ TPU_LOWER_ELEMENTWISE(logit) {
   Value r = b.log(b.div(x, b.sub(k(b, 1, x), x)));
   if (c.has("eps")) r = b.select(isnan(b, self_f(b, c)), self_f(b, c), r);
   return {r};
+}
+
+TPU_LOWER_ELEMENTWISE(sinc) {
+  Value x = self_f(b, c);
+  Value px = b.mul(x, k(b, kPi, x));
+  return {b.select(eq(b, x, k(b, 0, x)), k(b, 1, x), b.div(b.unary("sine", px), px))};
+}
+TPU_LOWER_ELEMENTWISE(hardshrink) {
+  Value x = self_c(b, c);
+  Value l = scalar_arg(b, c, "lambd", x);
+  Value inside = b.and_(ge(b, x, b.neg(l)), le(b, x, l));
+  return {b.select(inside, b.zeros(x.type), x)};
+}
+TPU_LOWER_ELEMENTWISE(softshrink) {
+  Value x = self_c(b, c);
+  Value l = scalar_arg(b, c, "lambd", x);
+  Value mid = b.mul(x, b.zeros(x.type));  // a * 0 keeps NaN
+  return {b.select(gt(b, x, l), b.sub(x, l), b.select(lt(b, x, b.neg(l)), b.add(x, l), mid))};
+}
+// (output, buffer): output = min(x, 0) - log1p(exp(-|x|)), buffer = exp(-|x|), as PyTorch's CPU kernel.
+TPU_LOWER_ELEMENTWISE(log_sigmoid_forward) {
+  Value x = self_f(b, c);
+  Value z = b.exp(b.neg(b.abs(x)));
+  return {b.sub(nan_min(b, x, k(b, 0, x)), log1p(b, z)), z};
 }
 
 // ---- sign-like and rounding ops keep integer dtypes.

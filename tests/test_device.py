@@ -1,0 +1,79 @@
+"""The device surface: torch.tpu, torch.accelerator, methods generated for PrivateUse1, guards."""
+
+from __future__ import annotations
+
+import torch
+
+import torch_tpu
+from tests.conftest import run_python
+
+
+def test_autoload_by_import_torch_alone() -> None:
+    r = run_python(
+        "import torch; import transformers.utils as u;"
+        "print(hasattr(torch, 'tpu'), hasattr(torch.backends, 'tpu'), torch.accelerator.current_accelerator(),"
+        " u.is_torch_tpu_available())"
+    )
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["True", "True", "tpu", "True"]
+
+
+def test_autoload_can_be_disabled() -> None:
+    r = run_python("import torch; print(hasattr(torch, 'tpu'))", env={"TORCH_DEVICE_BACKEND_AUTOLOAD": "0"})
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "False"
+    r = run_python("import torch, torch_tpu; print(torch.ones(2, device='tpu').sum().item())",
+                   env={"TORCH_DEVICE_BACKEND_AUTOLOAD": "0"})
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "2.0"
+
+
+def test_device_module_surface() -> None:
+    assert torch.tpu.is_available()
+    assert torch.tpu.device_count() >= 1
+    assert torch.tpu.current_device() == 0
+    assert "cpu" in torch.tpu.get_device_name().lower()
+    props = torch.tpu.get_device_properties(0)
+    assert props.pjrt_api_version == "0.81"
+    assert props.total_memory > 0
+    assert torch.tpu.get_amp_supported_dtype() == [torch.bfloat16, torch.float16]
+    assert torch.tpu._is_in_bad_fork() is False
+    torch.tpu.set_device(0)
+    assert torch.tpu.is_initialized()
+    with torch.tpu.device(0):
+        assert torch.tpu.current_device() == 0
+    torch.tpu.synchronize()
+    free, total = torch.tpu.mem_get_info()
+    assert 0 < free <= total
+
+
+def test_generated_methods() -> None:
+    x = torch.arange(4.0).tpu()
+    assert x.device.type == "tpu" and x.is_tpu
+    m = torch.nn.Linear(3, 2).tpu()
+    assert m.weight.device.type == "tpu"
+    assert torch.equal(x.cpu(), torch.arange(4.0))
+
+
+def test_data_ptrs_are_unique_and_nonzero() -> None:
+    a = torch.empty(16, device="tpu")
+    b = torch.empty(16, device="tpu")
+    assert a.data_ptr() != 0 and b.data_ptr() != 0 and a.data_ptr() != b.data_ptr()
+    assert a[4:].data_ptr() == a.data_ptr() + 16
+    # Like CPU tensors, empty tensors report 0.
+    assert torch.empty(0, device="tpu").data_ptr() == torch.empty(0).data_ptr() == 0
+
+
+def test_pjrt_plugin_facts() -> None:
+    import torch_tpu._C as C
+
+    p = C._platform()
+    assert p["pjrt_api_version"] == "0.81"
+    assert p["platform_name"] == "cpu"
+    assert p["plugin_path"].endswith("xla_cpu_pjrt.so")
+
+
+def test_lowered_ops_registry_is_populated() -> None:
+    ops = torch_tpu.lowered_ops()
+    for name in ("add", "mm", "copy", "sum", "index", "uniform"):
+        assert name in ops
