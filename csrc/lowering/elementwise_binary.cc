@@ -32,7 +32,6 @@ using namespace ew;
 
 // Computation type for arithmetic: PyTorch's common dtype, f16/bf16 widened to f32.
 ElemType arith(const OpCall& c) { return opmath(c.common); }
-Value or3(Builder& b, Value p, Value q) { return b.or_(p, q); }
 Value zero(Builder& b, const Value& like) { return b.zeros(like.type); }
 
 // a + alpha * y (alpha optional), bool arithmetic as logical or/and.
@@ -339,7 +338,7 @@ TPU_LOWER_ELEMENTWISE(silu_backward) {
 TPU_LOWER_ELEMENTWISE(hardtanh_backward) {
   ElemType t = arith(c);
   Value g = in(b, c, "grad_output", t), x = in(b, c, "self", t);
-  Value out = or3(b, le(b, x, in(b, c, "min_val", t)), ge(b, x, in(b, c, "max_val", t)));
+  Value out = b.or_(le(b, x, in(b, c, "min_val", t)), ge(b, x, in(b, c, "max_val", t)));
   return {b.select(out, zero(b, g), g)};
 }
 TPU_LOWER_ELEMENTWISE(leaky_relu_backward) {

@@ -61,14 +61,16 @@ Value signbit(Builder& b, Value x) {
   return lt(b, bits, b.zeros(bits.type));
 }
 Value log1p(Builder& b, Value x) { return b.unary("log_plus_one", x); }
-// exp(x) - 1 without cancellation (Kahan): u = exp(x); (u - 1) * x / log(u).
+// exp(x) - 1 without cancellation. For -0.25 < x < 0.5, u = exp(x) lies in [0.5, 2] so u - 1 is
+// exact and (u - 1) * x / log(u) (Kahan) is accurate, with log(u) taken as log1p(u - 1) (XLA's log
+// is only accurate in absolute terms near 1, and its f64 log1p is weak near -0.4, hence the
+// asymmetric range). Elsewhere u - 1 loses at most a couple of bits.
 Value expm1(Builder& b, Value x) {
   Value u = b.exp(x);
   Value um1 = b.sub(u, k(b, 1, x));
-  Value r = b.mul(um1, b.div(x, log1p(b, um1)));  // um1 is exact; log1p(um1) == log(u)
-  r = b.select(eq(b, um1, k(b, -1, x)), um1, r);
-  r = b.select(eq(b, u, k(b, INFINITY, x)), u, r);
-  return b.select(eq(b, u, k(b, 1, x)), x, r);
+  Value small = b.mul(um1, b.div(x, log1p(b, um1)));
+  small = b.select(eq(b, u, k(b, 1, x)), x, small);
+  return b.select(b.and_(gt(b, x, k(b, -0.25, x)), lt(b, x, k(b, 0.5, x))), small, um1);
 }
 // exp(-x*x) with x*x split into an exact head and a small tail (Cephes expx2 idea).
 Value exp_neg_sq(Builder& b, Value x) {
@@ -372,14 +374,11 @@ TPU_LOWER_ELEMENTWISE(relu) {
 }
 
 TPU_LOWER_ELEMENTWISE(logit) {
-  Value x = self_f(b, c);
-  if (c.has("eps")) {
-    double eps = c.double_("eps");
-    if (eps >= 0) x = b.clamp(k(b, eps, x), x, k(b, 1 - eps, x));  // NaN stays NaN below
-  }
+  Value x0 = self_f(b, c), x = x0;
+  double eps = c.has("eps") ? c.double_("eps") : -1.0;
+  if (eps >= 0) x = b.clamp(k(b, eps, x), x, k(b, 1 - eps, x));
   Value r = b.log(b.div(x, b.sub(k(b, 1, x), x)));
-  if (c.has("eps")) r = b.select(isnan(b, self_f(b, c)), self_f(b, c), r);
-  return {r};
+  return {eps >= 0 ? b.select(isnan(b, x0), x0, r) : r};  // clamp must not swallow NaN
 }
 
 TPU_LOWER_ELEMENTWISE(sinc) {

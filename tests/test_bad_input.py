@@ -1,0 +1,85 @@
+"""Bad input gets PyTorch's usual errors or a clear message; the process keeps working."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests.conftest import run_python
+
+
+def test_cpu_and_tpu_mix_raises_device_error() -> None:
+    with pytest.raises(RuntimeError, match="Expected all tensors to be on the same device"):
+        torch.ones(3, device="tpu") + torch.ones(3)
+    with pytest.raises(RuntimeError, match="Expected all tensors to be on the same device"):
+        torch.mm(torch.ones(2, 2, device="tpu"), torch.ones(2, 2))
+    # 0-d CPU tensors act as scalars, as on CUDA.
+    assert (torch.ones(3, device="tpu") + torch.tensor(2.0)).cpu().tolist() == [3.0, 3.0, 3.0]
+
+
+def test_shape_errors_match_cpu() -> None:
+    with pytest.raises(RuntimeError, match="must match the size"):
+        torch.ones(3, device="tpu") + torch.ones(4, device="tpu")
+    with pytest.raises(RuntimeError):
+        torch.mm(torch.ones(2, 3, device="tpu"), torch.ones(2, 3, device="tpu"))
+    assert torch.ones(2, device="tpu").sum().item() == 2.0
+
+
+def test_unsupported_dtype_is_a_clear_error() -> None:
+    with pytest.raises(TypeError, match="does not support dtype"):
+        torch.ones(2, dtype=torch.complex64).to("tpu")
+    assert torch.ones(2, device="tpu").sum().item() == 2.0
+
+
+def test_device_index_out_of_range() -> None:
+    with pytest.raises(RuntimeError, match="out of range"):
+        torch.ones(2, device="tpu:7")
+
+
+def test_missing_plugin_names_the_fix() -> None:
+    r = run_python("import torch\ntorch.ones(2, device='tpu')", env={"TORCH_TPU_PJRT_PLUGIN": "/nonexistent/plugin.so"})
+    assert r.returncode != 0
+    assert "TORCH_TPU_PJRT_PLUGIN" in r.stderr
+    r = run_python("import torch; print('import ok')", env={"TORCH_TPU_PJRT_PLUGIN": "/nonexistent/plugin.so"})
+    assert r.returncode == 0 and "import ok" in r.stdout
+
+
+def test_non_plugin_library_is_rejected(tmp_path: object) -> None:
+    import ctypes.util
+
+    libm = ctypes.util.find_library("m") or "libm.so.6"
+    import os
+
+    path = next((p for p in ("/lib/x86_64-linux-gnu/libm.so.6", "/usr/lib/x86_64-linux-gnu/libm.so.6") if os.path.exists(p)), libm)
+    r = run_python("import torch\ntorch.ones(2, device='tpu')", env={"TORCH_TPU_PJRT_PLUGIN": path})
+    assert r.returncode != 0
+    assert "not a PJRT plugin" in r.stderr or "cannot load" in r.stderr
+
+
+def test_fallback_error_mode_names_the_op() -> None:
+    code = "import torch\nx = torch.randn(4, 4, device='tpu')\ntorch.linalg.qr(x)"
+    r = run_python(code, env={"TORCH_TPU_FALLBACK": "error"})
+    assert r.returncode != 0
+    assert "NotImplementedError" in r.stderr and "linalg_qr" in r.stderr and "TORCH_TPU_FALLBACK" in r.stderr
+
+
+def test_cpu_fallback_is_exact_counted_and_warned_once() -> None:
+    import torch_tpu
+
+    torch_tpu.reset_fallback_stats()
+    c = torch.randn(5, 5)
+    with pytest.warns(UserWarning, match="runs on the CPU"):
+        q, r = torch.linalg.qr(c.to("tpu"))
+    qc, rc = torch.linalg.qr(c)
+    torch.testing.assert_close(q.cpu(), qc)
+    torch.testing.assert_close(r.cpu(), rc)
+    torch.linalg.qr(c.to("tpu"))
+    assert sum(v for k, v in torch_tpu.fallback_stats().items() if k.startswith("aten::linalg_qr")) == 2
+    # In-place through a view on the fallback path writes into the base.
+    t = c.to("tpu")
+    t[1:3].cosh_() if "cosh" not in torch_tpu.lowered_ops() else t[1:3].lgamma_()
+    cc = c.clone()
+    cc[1:3].cosh_() if "cosh" not in torch_tpu.lowered_ops() else cc[1:3].lgamma_()
+    torch.testing.assert_close(t.cpu(), cc)
+    torch_tpu.reset_fallback_stats()
+    assert torch_tpu.fallback_stats() == {}
