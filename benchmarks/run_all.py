@@ -43,8 +43,13 @@ def run_one(name: str) -> dict[str, Any]:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("names", nargs="*", choices=[[], *BENCHMARKS], help="benchmarks to run (default: all)")
+    parser.add_argument(
+        "names", nargs="*", help=f"benchmarks to run, of {', '.join(BENCHMARKS)} (default: all)"
+    )
     names = parser.parse_args().names or list(BENCHMARKS)
+    unknown = sorted(set(names) - set(BENCHMARKS))
+    if unknown:
+        parser.error(f"unknown benchmark(s) {', '.join(unknown)}; choose from {', '.join(BENCHMARKS)}")
     started = datetime.now(timezone.utc).isoformat(timespec="seconds")  # noqa: UP017 - explicit on purpose
     t0 = time.perf_counter()
     machine = machine_info()
