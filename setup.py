@@ -25,7 +25,9 @@ ext = CppExtension(
     extra_link_args=["-ldl"],
 )
 
+# `make build` compiles in place (ninja, incremental); the editable install that registers the
+# package and its torch.backends entry point sets TORCH_TPU_SKIP_EXT=1 to avoid a second build.
 setup(
-    ext_modules=[ext],
+    ext_modules=[] if os.environ.get("TORCH_TPU_SKIP_EXT") == "1" else [ext],
     cmdclass={"build_ext": BuildExtension.with_options(use_ninja=True)},
 )

@@ -330,8 +330,6 @@ def test_binary_nan_and_signed_zero():
     check(lambda a: torch.xlogy(a, 0.0), z)
 
 
-@pytest.mark.xfail(reason="runtime: int tensor (op) Python float gives float64 on tpu, float32 on CPU",
-                   strict=False)
 def test_int_tensor_float_scalar_promotion():
     xi = rand(SHAPE, torch.int32, -5, 5)
     check(lambda a: a * 2.5, xi)

@@ -228,6 +228,15 @@ def _short(err: BaseException, limit: int = 600) -> str:
 
 
 def _run_sample(op, sample, rec: dict, random: bool, dtype: torch.dtype) -> None:
+    run_before = rec["run"]
+    try:
+        _run_sample_inner(op, sample, rec, random, dtype)
+    except Exception as err:  # moving the sample (or this harness) failed: count as a failure
+        rec["run"] = run_before + 1
+        rec["failures"].append(f"harness error: {_short(err)}")
+
+
+def _run_sample_inner(op, sample, rec: dict, random: bool, dtype: torch.dtype) -> None:
     tpu_input, tpu_args, tpu_kwargs = _to_tpu(sample.input), _to_tpu(sample.args), _to_tpu(sample.kwargs)
     try:
         expected = op(sample.input, *sample.args, **sample.kwargs)
@@ -277,7 +286,10 @@ def _describe(sample) -> str:
         r = repr(x)
         return r if len(r) < 40 else r[:37] + "..."
 
-    parts = [d(sample.input)] + [d(a) for a in sample.args] + [f"{k}={d(v)}" for k, v in sample.kwargs.items()]
+    try:
+        parts = [d(sample.input)] + [d(a) for a in sample.args] + [f"{k}={d(v)}" for k, v in sample.kwargs.items()]
+    except Exception:
+        return "?"
     return ", ".join(parts)
 
 
@@ -289,17 +301,21 @@ def _sweep(op, dtype: torch.dtype, op_deadline: float | None) -> dict:
     taken = 0
     try:
         samples = iter(op.sample_inputs("cpu", dtype))
-        while MAX_SAMPLES is None or taken < MAX_SAMPLES:
-            if taken and op_deadline is not None and time.monotonic() > op_deadline:
-                break
-            try:
-                sample = next(samples)
-            except StopIteration:
-                break
-            taken += 1
-            _run_sample(op, sample, rec, random, dtype)
-    except Exception as err:  # sample generation itself failed
+    except Exception as err:
         rec["sample_gen_error"] = _short(err, 200)
+        return rec
+    while MAX_SAMPLES is None or taken < MAX_SAMPLES:
+        if taken and op_deadline is not None and time.monotonic() > op_deadline:
+            break
+        try:
+            sample = next(samples)
+        except StopIteration:
+            break
+        except Exception as err:  # sample generation itself failed: nothing to compare
+            rec["sample_gen_error"] = _short(err, 200)
+            break
+        taken += 1
+        _run_sample(op, sample, rec, random, dtype)
     return rec
 
 
@@ -338,7 +354,8 @@ def _summary() -> dict:
                 aten_fallbacks[a] += 1
         skip = _skip_reason(key, ds)
         if rec["passed"] < rec["run"]:
-            msg = f"{rec['run'] - rec['passed']}/{rec['run']} failing; first: {rec['failures'][0]}"
+            first = rec["failures"][0] if rec["failures"] else "?"
+            msg = f"{rec['run'] - rec['passed']}/{rec['run']} failing; first: {first}"
             (skipped_failing if skip else failing)[f"{key}/{ds}"] = msg[:400]
         elif skip and (key, ds) in SKIPS:
             stale.append(f"{key}/{ds}")
@@ -372,6 +389,9 @@ class _SummaryPlugin:
         self.summary = _summary()
         SUMMARY_PATH.parent.mkdir(parents=True, exist_ok=True)
         SUMMARY_PATH.write_text(json.dumps(self.summary, indent=1, sort_keys=False) + "\n")
+        details = os.environ.get("TORCH_TPU_OPINFO_DETAILS")  # optional: every record, for debugging
+        if details:
+            Path(details).write_text(json.dumps({f"{k}/{d}": r for (k, d), r in RESULTS.items()}, indent=1))
 
     def pytest_terminal_summary(self, terminalreporter) -> None:
         if self.summary is None:

@@ -63,7 +63,10 @@ NamedArg::Hint hint_of(const c10::TypePtr& type) {
 }
 
 at::Tensor to_meta(const at::Tensor& t) {
-  if (!t.defined()) return t;
+  // Python scalars wrapped as 0-d CPU tensors stay as they are: Python meta kernels turn them
+  // back into numbers, and promotion must still see the wrapped-number flag. Other 0-d CPU
+  // tensors promote exactly like 0-d meta tensors.
+  if (!t.defined() || t.unsafeGetTensorImpl()->is_wrapped_number()) return t;
   return at::empty_strided(t.sizes(), t.strides(), t.options().device(c10::kMeta));
 }
 
@@ -115,7 +118,7 @@ std::unordered_map<std::string, std::shared_ptr<const MetaResult>>& meta_cache()
 void key_tensor(std::string& k, const at::Tensor& t) {
   if (!t.defined()) { k += "N;"; return; }
   k += static_cast<char>('A' + static_cast<int>(t.scalar_type()));
-  k += t.device().is_cpu() ? 'c' : 'd';
+  k += t.device().is_cpu() ? (t.unsafeGetTensorImpl()->is_wrapped_number() ? 'w' : 'c') : 'd';
   for (int64_t d : t.sizes()) { k += std::to_string(d); k += ','; }
   k += '/';
   for (int64_t d : t.strides()) { k += std::to_string(d); k += ','; }

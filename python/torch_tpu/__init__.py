@@ -10,10 +10,6 @@ import sys
 import types
 from typing import Any
 
-import torch
-
-from torch_tpu import _C, _plugin
-
 __all__ = [
     "EagerMode",
     "cache_stats",
@@ -27,9 +23,12 @@ __all__ = [
 ]
 
 _loaded = False
+_state: dict[str, Any] = {}
 
 
 def _configure_plugin() -> None:
+    from torch_tpu import _C, _plugin
+
     try:
         path, _how = _plugin.find_plugin()
     except RuntimeError as e:
@@ -40,15 +39,21 @@ def _configure_plugin() -> None:
     _C._configure(path, _plugin.num_devices())
 
 
-_state: dict[str, Any] = {}
-
 
 def _autoload() -> None:
-    """Entry point called by `import torch` (and by `import torch_tpu`). Idempotent."""
+    """Entry point called by `import torch` (and by `import torch_tpu`). Idempotent.
+
+    Defined before this module imports torch: `import torch_tpu` first imports torch, whose
+    autoload re-enters this (partially initialised) module and calls _autoload.
+    """
     global _loaded
     if _loaded:
         return
     _loaded = True
+    import torch
+
+    from torch_tpu import _C
+
     _configure_plugin()
     # Same step: C++ PrivateUse1 hooks, then the rename (torch.accelerator needs both).
     _C._register()
@@ -72,6 +77,9 @@ def _autoload() -> None:
 
 _autoload()
 
+import torch  # noqa: E402
+
+from torch_tpu import _C  # noqa: E402
 from torch_tpu._internal.execution_mode import EagerMode, get_eager_mode, set_eager_mode  # noqa: E402
 
 
