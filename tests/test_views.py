@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import torch
+import torch_tpu
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
-import torch_tpu
 
 
 def same(t: torch.Tensor, c: torch.Tensor) -> None:

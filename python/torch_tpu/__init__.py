@@ -50,24 +50,24 @@ def _autoload() -> None:
     if _loaded:
         return
     _loaded = True
-    import torch
+    import torch as _torch  # local: this runs before the module-level `import torch`
 
     from torch_tpu import _C
 
     _configure_plugin()
     # Same step: C++ PrivateUse1 hooks, then the rename (torch.accelerator needs both).
     _C._register()
-    torch.utils.rename_privateuse1_backend("tpu")
+    _torch.utils.rename_privateuse1_backend("tpu")
     from torch_tpu import device as device_module
 
-    torch._register_device_module("tpu", device_module)
-    torch.utils.generate_methods_for_privateuse1_backend(
+    _torch._register_device_module("tpu", device_module)
+    _torch.utils.generate_methods_for_privateuse1_backend(
         for_tensor=True, for_module=True, for_packed_sequence=True, for_storage=True
     )
     backends = types.ModuleType("torch.backends.tpu")
     backends.is_available = device_module.is_available  # type: ignore[attr-defined]
     backends.is_built = lambda: True  # type: ignore[attr-defined]
-    torch.backends.tpu = backends  # type: ignore[attr-defined]
+    _torch.backends.tpu = backends  # type: ignore[attr-defined]
     sys.modules["torch.backends.tpu"] = backends
 
     from torch_tpu._internal import execution_mode
