@@ -77,8 +77,6 @@ def _autoload() -> None:
 
 _autoload()
 
-import torch  # noqa: E402
-
 from torch_tpu import _C  # noqa: E402
 from torch_tpu._internal.execution_mode import EagerMode, get_eager_mode, set_eager_mode  # noqa: E402
 
