@@ -83,3 +83,14 @@ def test_cpu_fallback_is_exact_counted_and_warned_once() -> None:
     torch.testing.assert_close(t.cpu(), cc)
     torch_tpu.reset_fallback_stats()
     assert torch_tpu.fallback_stats() == {}
+
+
+def test_compile_error_names_the_requester_and_the_plugin_message() -> None:
+    import torch_tpu._C as C
+
+    bad = 'module @m {\n  func.func public @main(%a: tensor<2xf32>) -> (tensor<3xf32>) {\n    "func.return"(%a) : (tensor<2xf32>) -> ()\n  }\n}\n'
+    with pytest.raises(RuntimeError) as e:
+        C._compile_mlir(bad, "aten::my_op")
+    msg = str(e.value)
+    assert "aten::my_op" in msg and "PJRT_Client_Compile" in msg and "---- program ----" in msg
+    assert torch.ones(2, device="tpu").sum().item() == 2.0

@@ -165,6 +165,16 @@ bool meta_key(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args, st
   return has_input_tensor;
 }
 
+const at::Tensor& wrapped_scalar(at::ScalarType t) {
+  thread_local at::Tensor d, l, b;
+  at::Tensor& slot = t == at::kDouble ? d : t == at::kLong ? l : b;
+  if (!slot.defined()) {
+    slot = at::scalar_tensor(0, at::TensorOptions().device(c10::kCPU).dtype(t));
+    slot.unsafeGetTensorImpl()->set_wrapped_number(true);
+  }
+  return slot;
+}
+
 // Returns false when the op cannot take the lowered path (the caller then falls back).
 bool run_lowered(const c10::OperatorHandle& op, const lowering::OpEntry& entry,
                  const std::string& base, torch::jit::Stack* stack, std::string* why) {
@@ -285,12 +295,10 @@ bool run_lowered(const c10::OperatorHandle& op, const lowering::OpEntry& entry,
       rts = at::native::update_result_type_state(args[j].toTensor(), rts);
       any = true;
     } else if (!is_out && a.hint == NamedArg::Hint::Scalar && args[j].isScalar()) {
-      at::Tensor w = at::scalar_tensor(args[j].toScalar(), at::TensorOptions().device(c10::kCPU).dtype(
-                                           args[j].toScalar().isFloatingPoint() ? at::kDouble
-                                           : args[j].toScalar().isBoolean()      ? at::kBool
-                                                                                 : at::kLong));
-      w.unsafeGetTensorImpl()->set_wrapped_number(true);
-      rts = at::native::update_result_type_state(w, rts);
+      // Only the scalar's kind matters for promotion: reuse one wrapped 0-d tensor per kind.
+      const c10::Scalar sc = args[j].toScalar();
+      rts = at::native::update_result_type_state(
+          wrapped_scalar(sc.isFloatingPoint() ? at::kDouble : sc.isBoolean() ? at::kBool : at::kLong), rts);
       any = true;
     }
     named.push_back(std::move(a));

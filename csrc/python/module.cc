@@ -96,6 +96,10 @@ PYBIND11_MODULE(_C, m) {
     d["launches"] = tpu::runtime::Executor::get().launches();
     return d;
   });
+  // Compiles raw StableHLO text through the cache (tests and custom-kernel plumbing).
+  m.def("_compile_mlir", [](const std::string& text, const std::string& what) {
+    tpu::runtime::CompileCache::get().get_or_compile(text, what, "explicit");
+  });
   m.def("_lowered_ops", [] { return tpu::lowering::registered_ops(); });
   m.def("_mem_get_info", [](int device) {
     return tpu::aten::TpuAllocator::get().getMemoryInfo(static_cast<c10::DeviceIndex>(device));
