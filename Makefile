@@ -28,7 +28,7 @@ deps: $(STAMP)
 build: deps
 	flock build.lock $(PY) setup.py -q build_ext --inplace 2>&1 | grep -v "^$$" | grep -vi "warning: \|^Emitting ninja\|ninja: no work" || true
 	@test -f python/torch_tpu/_C*.so || { echo "build failed"; exit 1; }
-	@$(PY) -c "import importlib.metadata as m; m.distribution('torch_tpu')" 2>/dev/null || \
+	@$(PY) -c "import importlib.metadata as m, sys; sys.exit(not any(e.name == 'tpu' for e in m.entry_points(group='torch_dynamo_backends')))" 2>/dev/null || \
 	    TORCH_TPU_SKIP_EXT=1 $(PIP) install -q --no-build-isolation --no-deps -e . --config-settings editable_mode=compat
 
 demo: build

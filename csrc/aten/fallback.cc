@@ -402,7 +402,7 @@ void tpu_boxed_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet, torch:
     return;
   }
   if (base == "index") convert_bool_indices(op, stack);
-  if (const lowering::OpEntry* entry = lowering::find_op(base)) {
+  if (const lowering::OpEntry* entry = lowering::find_op(base); entry && !entry->graph_only) {
     try {
       if (run_lowered(op, *entry, base, stack, &why)) return;
     } catch (const lowering::Unsupported& e) {
@@ -426,7 +426,8 @@ void register_lowered_kernels() {
     std::string base = on.name.substr(6);
     bool dunder = base.size() > 4 && base.compare(0, 2, "__") == 0;
     if (!dunder && base.size() > 1 && base.back() == '_') base.pop_back();
-    if (!lowering::find_op(base)) continue;
+    const lowering::OpEntry* entry = lowering::find_op(base);
+    if (!entry || entry->graph_only) continue;
     auto op = d.findOp(on);
     if (!op || op->hasKernelForDispatchKey(c10::DispatchKey::PrivateUse1) ||
         op->hasKernelForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd))

@@ -86,6 +86,9 @@ struct OpEntry {
   // Consumes random numbers: the runtime passes the device generator's Philox state as the
   // Tensor argument "generator" (u64[2] = seed, offset) even when the schema has none.
   bool random = false;
+  // A view or copy op that eager handles as metadata (or through a composite); lowered only
+  // for whole-graph programs (torch.compile), where every value is a logical array.
+  bool graph_only = false;
 };
 
 void register_op(const std::string& name, OpEntry entry);
@@ -93,8 +96,8 @@ const OpEntry* find_op(const std::string& name);
 std::vector<std::string> registered_ops();
 
 struct Registrar {
-  Registrar(const char* name, LowerFn fn, bool elementwise, bool random = false) {
-    register_op(name, {fn, elementwise, random});
+  Registrar(const char* name, LowerFn fn, bool elementwise, bool random = false, bool graph_only = false) {
+    register_op(name, {fn, elementwise, random, graph_only});
   }
 };
 
@@ -112,6 +115,7 @@ struct Registrar {
 #define TPU_LOWER(opname) TPU_LOWER_IMPL(opname, false)
 #define TPU_LOWER_ELEMENTWISE(opname) TPU_LOWER_IMPL(opname, true)
 #define TPU_LOWER_RANDOM(opname) TPU_LOWER_IMPL(opname, false, true)
+#define TPU_LOWER_GRAPH(opname) TPU_LOWER_IMPL(opname, false, false, true)
 
 // ---- helpers shared by lowering files (helpers.cc)
 // PyTorch computes float16/bfloat16 math in float32 ("opmath"); everything else in its own type.

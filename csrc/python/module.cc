@@ -11,6 +11,7 @@
 #include "aten/execute.h"
 #include "aten/fallback.h"
 #include "aten/generator.h"
+#include "aten/graph.h"
 #include "lowering/lowering.h"
 #include "runtime/compile_cache.h"
 #include "runtime/context.h"
@@ -25,6 +26,47 @@ void register_hooks();
 namespace {
 
 using tpu::runtime::Context;
+
+tpu::aten::GType gtype(const py::tuple& t) {
+  tpu::aten::GType g;
+  g.dtype = t[0].cast<int>();
+  g.sizes = t[1].cast<std::vector<int64_t>>();
+  if (t.size() > 2) g.strides = t[2].cast<std::vector<int64_t>>();
+  return g;
+}
+
+// desc: {"name", "inputs": [(dtype, sizes)], "nodes": [(op, overload, args, out_ids, out_types)],
+//        "outputs": [value id], "output_types": [(dtype, sizes, strides)], "mutations": [(input, id)]}
+// args: [(name, kind, int, float, str, [ints])] with kind = tpu::aten::GArg::Kind as int.
+tpu::aten::GraphDesc graph_desc(const py::dict& d) {
+  tpu::aten::GraphDesc g;
+  g.name = d["name"].cast<std::string>();
+  for (auto t : d["inputs"].cast<py::list>()) g.inputs.push_back(gtype(t.cast<py::tuple>()));
+  for (auto n : d["nodes"].cast<py::list>()) {
+    auto nt = n.cast<py::tuple>();
+    tpu::aten::GNode node;
+    node.op = nt[0].cast<std::string>();
+    node.overload = nt[1].cast<std::string>();
+    for (auto a : nt[2].cast<py::list>()) {
+      auto at = a.cast<py::tuple>();
+      tpu::aten::GArg ga;
+      ga.name = at[0].cast<std::string>();
+      ga.kind = static_cast<tpu::aten::GArg::Kind>(at[1].cast<int>());
+      ga.i = at[2].cast<int64_t>();
+      ga.d = at[3].cast<double>();
+      ga.s = at[4].cast<std::string>();
+      ga.ints = at[5].cast<std::vector<int64_t>>();
+      node.args.push_back(std::move(ga));
+    }
+    node.out_ids = nt[3].cast<std::vector<int64_t>>();
+    for (auto t : nt[4].cast<py::list>()) node.out_types.push_back(gtype(t.cast<py::tuple>()));
+    g.nodes.push_back(std::move(node));
+  }
+  g.outputs = d["outputs"].cast<std::vector<int64_t>>();
+  for (auto t : d["output_types"].cast<py::list>()) g.output_types.push_back(gtype(t.cast<py::tuple>()));
+  g.mutations = d["mutations"].cast<std::vector<std::pair<int64_t, int64_t>>>();
+  return g;
+}
 
 tpu::aten::TpuGenerator* gen(int device) {
   return tpu::aten::default_generator(static_cast<c10::DeviceIndex>(device)).get<tpu::aten::TpuGenerator>();
@@ -100,6 +142,8 @@ PYBIND11_MODULE(_C, m) {
   m.def("_compile_mlir", [](const std::string& text, const std::string& what) {
     tpu::runtime::CompileCache::get().get_or_compile(text, what, "explicit");
   });
+  m.def("_graph_build", [](const py::dict& d) { return tpu::aten::build_graph(graph_desc(d)); });
+  m.def("_graph_unsupported", [](const py::dict& d) { return tpu::aten::unsupported_ops(graph_desc(d)); });
   m.def("_lowered_ops", [] { return tpu::lowering::registered_ops(); });
   m.def("_mem_get_info", [](int device) {
     return tpu::aten::TpuAllocator::get().getMemoryInfo(static_cast<c10::DeviceIndex>(device));

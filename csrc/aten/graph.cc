@@ -1,0 +1,281 @@
+#include "graph.h"
+
+#include <ATen/core/Tensor.h>
+#include <ATen/native/TypeProperties.h>
+#include <c10/core/DeviceGuard.h>
+#include <torch/library.h>
+
+#include <memory>
+#include <mutex>
+#include <unordered_map>
+
+#include <ATen/ops/empty.h>
+#include <ATen/ops/empty_strided.h>
+#include <ATen/ops/scalar_tensor.h>
+
+#include "common.h"
+#include "execute.h"
+#include "lowering/lowering.h"
+#include "runtime/compile_cache.h"
+#include "runtime/context.h"
+#include "runtime/executor.h"
+#include "runtime/view_io.h"
+
+namespace tpu::aten {
+
+using lowering::Arg;
+using shlo::ElemType;
+using shlo::Type;
+using shlo::Value;
+
+namespace {
+
+struct Graph {
+  pjrt::ExecutablePtr exe;
+  GraphDesc desc;
+  std::vector<int64_t> out_numel;  // storage elements of each output buffer
+};
+
+std::mutex graphs_mu;
+std::vector<std::shared_ptr<Graph>>& graphs() {
+  static auto* g = std::make_unique<std::vector<std::shared_ptr<Graph>>>().release();
+  return *g;
+}
+
+int64_t span_of(const std::vector<int64_t>& sizes, const std::vector<int64_t>& strides) {
+  int64_t n = 1;
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    if (sizes[i] == 0) return 0;
+    n += (sizes[i] - 1) * strides[i];
+  }
+  return n;
+}
+
+c10::ScalarType common_dtype(const GNode& node, const std::unordered_map<int64_t, Value>& vals) {
+  at::native::ResultTypeState st{};
+  bool any = false;
+  auto add_tensor = [&](const Value& v) {
+    st = at::native::update_result_type_state(
+        at::empty(v.shape(), at::TensorOptions().device(c10::kMeta).dtype(scalar_of(v.elem()))), st);
+    any = true;
+  };
+  auto add_scalar = [&](at::ScalarType t) {
+    at::Tensor w = at::scalar_tensor(0, at::TensorOptions().dtype(t));
+    w.unsafeGetTensorImpl()->set_wrapped_number(true);
+    st = at::native::update_result_type_state(w, st);
+    any = true;
+  };
+  for (const GArg& a : node.args) {
+    if (a.name == "out") continue;
+    switch (a.kind) {
+      case GArg::Kind::Ref: add_tensor(vals.at(a.ints[0])); break;
+      case GArg::Kind::ScalarRef: {
+        const Value& v = vals.at(a.ints[0]);
+        add_scalar(shlo::is_float(v.elem()) ? at::kDouble : v.elem() == ElemType::Pred ? at::kBool : at::kLong);
+        break;
+      }
+      case GArg::Kind::ScalarF: add_scalar(at::kDouble); break;
+      case GArg::Kind::ScalarI: add_scalar(at::kLong); break;
+      case GArg::Kind::ScalarB: add_scalar(at::kBool); break;
+      default: break;
+    }
+  }
+  if (!any) return node.out_types.empty() ? c10::kFloat : static_cast<c10::ScalarType>(node.out_types[0].dtype);
+  return at::native::result_type(st);
+}
+
+}  // namespace
+
+std::vector<std::string> unsupported_ops(const GraphDesc& desc) {
+  std::vector<std::string> out;
+  for (const GNode& n : desc.nodes)
+    if (!lowering::find_op(n.op)) out.push_back(n.op + "." + n.overload);
+  return out;
+}
+
+int64_t build_graph(const GraphDesc& desc) {
+  shlo::Builder b;
+  std::unordered_map<int64_t, Value> vals;
+  for (size_t i = 0; i < desc.inputs.size(); ++i)
+    vals[static_cast<int64_t>(i)] = b.arg(Type{elem_of(static_cast<c10::ScalarType>(desc.inputs[i].dtype)), desc.inputs[i].sizes});
+  for (const GNode& node : desc.nodes) {
+    const lowering::OpEntry* entry = lowering::find_op(node.op);
+    TORCH_CHECK(entry, "torch_tpu: no lowering for aten::", node.op, " in the compiled graph");
+    lowering::OpCall call;
+    call.name = node.op;
+    call.overload = node.overload;
+    call.common = elem_of(common_dtype(node, vals));
+    for (const GArg& ga : node.args) {
+      Arg a;
+      switch (ga.kind) {
+        case GArg::Kind::None: a.kind = Arg::Kind::None; break;
+        case GArg::Kind::Ref: a.kind = Arg::Kind::Tensor; a.tensor = vals.at(ga.ints[0]); break;
+        case GArg::Kind::RefList:
+        case GArg::Kind::OptRefList:
+          a.kind = ga.kind == GArg::Kind::RefList ? Arg::Kind::TensorList : Arg::Kind::OptTensorList;
+          for (int64_t id : ga.ints) {
+            if (id < 0) a.tensors.push_back(std::nullopt);
+            else a.tensors.push_back(vals.at(id));
+          }
+          break;
+        case GArg::Kind::ScalarRef: a.kind = Arg::Kind::Scalar; a.scalar = vals.at(ga.ints[0]); break;
+        case GArg::Kind::ScalarF: a.kind = Arg::Kind::Scalar; a.scalar = b.constant_f(ga.d, ElemType::F64); break;
+        case GArg::Kind::ScalarI: a.kind = Arg::Kind::Scalar; a.scalar = b.constant_i(ga.i, ElemType::S64); break;
+        case GArg::Kind::ScalarB: a.kind = Arg::Kind::Scalar; a.scalar = b.constant_i(ga.i, ElemType::Pred); break;
+        case GArg::Kind::Int: a.kind = Arg::Kind::Int; a.i = ga.i; break;
+        case GArg::Kind::IntList: a.kind = Arg::Kind::IntList; a.ints = ga.ints; break;
+        case GArg::Kind::Double: a.kind = Arg::Kind::Double; a.d = ga.d; break;
+        case GArg::Kind::Bool: a.kind = Arg::Kind::Bool; a.b = ga.i != 0; break;
+        case GArg::Kind::Str: a.kind = Arg::Kind::String; a.s = ga.s; break;
+        case GArg::Kind::DType: a.kind = Arg::Kind::DType; a.dtype = elem_of(static_cast<c10::ScalarType>(ga.i)); break;
+      }
+      call.args.emplace_back(ga.name, std::move(a));
+    }
+    for (const GType& t : node.out_types)
+      call.outs.push_back(Type{t.dtype < 0 ? ElemType::F32 : elem_of(static_cast<c10::ScalarType>(t.dtype)), t.sizes});
+    std::vector<Value> res = entry->fn(b, call);
+    TORCH_CHECK(res.size() >= node.out_ids.size() || node.out_ids.empty(),
+                "torch_tpu: lowering of ", node.op, " returned too few values");
+    for (size_t i = 0; i < node.out_ids.size(); ++i) {
+      if (node.out_ids[i] < 0) continue;
+      const Type& ot = call.outs[i];
+      Value v = b.convert(res[i], ot.elem);
+      if (v.shape() != ot.shape) v = b.reshape(v, ot.shape);
+      vals[node.out_ids[i]] = v;
+    }
+  }
+  auto g = std::make_shared<Graph>();
+  g->desc = desc;
+  std::vector<Value> results;
+  for (size_t i = 0; i < desc.outputs.size(); ++i) {
+    const GType& t = desc.output_types[i];
+    ElemType e = elem_of(static_cast<c10::ScalarType>(t.dtype));
+    Value v = b.convert(vals.at(desc.outputs[i]), e);
+    if (v.shape() != t.sizes) v = b.reshape(v, t.sizes);
+    int64_t n = span_of(t.sizes, t.strides);
+    runtime::ViewDesc vd{e, t.sizes, t.strides, 0};
+    Value storage = vd.covers(n) ? Value{} : b.zeros(Type{e, {n}});
+    results.push_back(runtime::write_view(b, storage, v, vd, n, e));
+    g->out_numel.push_back(n);
+  }
+  for (const auto& [input, id] : desc.mutations) {
+    const GType& t = desc.inputs[input];
+    Value v = b.convert(vals.at(id), elem_of(static_cast<c10::ScalarType>(t.dtype)));
+    if (v.shape() != t.sizes) v = b.reshape(v, t.sizes);
+    b.alias(static_cast<int>(input), static_cast<int>(results.size()));
+    results.push_back(v);
+  }
+  std::string mlir = b.module(results);
+  g->exe = runtime::CompileCache::get().get_or_compile(mlir, "graph " + desc.name, "new graph");
+  std::lock_guard<std::mutex> lock(graphs_mu);
+  graphs().push_back(g);
+  return static_cast<int64_t>(graphs().size() - 1);
+}
+
+namespace {
+
+std::vector<at::Tensor> run_graph(int64_t id, at::TensorList inputs) {
+  std::shared_ptr<Graph> g;
+  {
+    std::lock_guard<std::mutex> lock(graphs_mu);
+    TORCH_CHECK(id >= 0 && id < static_cast<int64_t>(graphs().size()), "torch_tpu: unknown graph ", id);
+    g = graphs()[id];
+  }
+  const GraphDesc& d = g->desc;
+  TORCH_CHECK(inputs.size() == d.inputs.size(), "torch_tpu: graph expects ", d.inputs.size(),
+              " inputs, got ", inputs.size());
+  int device = -1;
+  for (const at::Tensor& t : inputs)
+    if (t.device().type() == kTpu) { device = t.device().index(); break; }
+  if (device < 0) device = 0;
+  auto& ctx = runtime::Context::get();
+  std::vector<at::Tensor> staged;  // keeps copies alive through the launch
+  std::vector<pjrt::BufferPtr> keep;
+  std::vector<PJRT_Buffer*> args;
+  std::vector<const void*> storages;
+  std::vector<int64_t> non_donatable;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    at::Tensor t = inputs[i];
+    ElemType e = elem_of(static_cast<c10::ScalarType>(d.inputs[i].dtype));
+    if (t.device().type() != kTpu) {
+      TORCH_CHECK(t.dim() == 0, "torch_tpu: compiled graph input ", i, " is on ", t.device(),
+                  "; move it to tpu");
+      at::Tensor h = t.to(scalar_of(e));
+      keep.push_back(ctx.client().from_host(h.data_ptr(), pjrt_of(e), {}, ctx.device(device)));
+      args.push_back(keep.back()->raw());
+      non_donatable.push_back(static_cast<int64_t>(i));
+      continue;
+    }
+    TORCH_CHECK(t.device().index() == device, "Expected all tensors to be on the same device, but found "
+                "at least two devices, tpu:", device, " and tpu:", t.device().index(), "!");
+    materialize(t);
+    runtime::StorageState* st = &state_of(t);
+    bool whole = t.is_contiguous() && t.storage_offset() == 0 &&
+                 static_cast<size_t>(t.numel()) * t.itemsize() == st->nbytes && st->elem == e &&
+                 t.scalar_type() == scalar_of(e);
+    if (!whole) {
+      at::Tensor c = at::empty(t.sizes(), t.options().dtype(scalar_of(e)));
+      copy_into(c, t);
+      staged.push_back(c);
+      st = &state_of(c);
+    }
+    for (const void* s : storages)
+      if (s == st) non_donatable.push_back(static_cast<int64_t>(i));
+    storages.push_back(st);
+    args.push_back(st->buffer->raw());
+  }
+  // Inputs that are not mutated must never be donated.
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    bool mutated = false;
+    for (const auto& m : d.mutations) mutated |= m.first == static_cast<int64_t>(i);
+    if (!mutated) non_donatable.push_back(static_cast<int64_t>(i));
+  }
+  auto results = runtime::Executor::get().launch(*g->exe, device, args, non_donatable, "graph " + d.name);
+  c10::DeviceGuard guard(c10::Device(kTpu, static_cast<c10::DeviceIndex>(device)));
+  std::vector<at::Tensor> outs;
+  for (size_t i = 0; i < d.outputs.size(); ++i) {
+    const GType& t = d.output_types[i];
+    at::ScalarType st = static_cast<c10::ScalarType>(t.dtype);
+    at::Tensor o = at::empty_strided(t.sizes, t.strides, at::TensorOptions().dtype(st).device(c10::Device(kTpu, device)));
+    if (g->out_numel[i] > 0) {
+      runtime::StorageState& s = state_of(o);
+      std::lock_guard<std::mutex> lock(s.mu);
+      s.buffer = results[i];
+      s.elem = elem_of(st);
+    }
+    outs.push_back(o);
+  }
+  for (size_t k = 0; k < d.mutations.size(); ++k) {
+    const at::Tensor& t = inputs[d.mutations[k].first];
+    const pjrt::BufferPtr& buf = results[d.outputs.size() + k];
+    runtime::StorageState& s = state_of(t);
+    ElemType e = elem_of(t.scalar_type());
+    bool whole = t.is_contiguous() && t.storage_offset() == 0 &&
+                 static_cast<size_t>(t.numel()) * t.itemsize() == s.nbytes;
+    if (whole) {
+      std::lock_guard<std::mutex> lock(s.mu);
+      s.buffer = buf;
+      s.elem = e;
+    } else {
+      at::Tensor tmp = at::empty(t.sizes(), t.options().memory_format(c10::MemoryFormat::Contiguous));
+      runtime::StorageState& ts = state_of(tmp);
+      ts.buffer = buf;
+      ts.elem = e;
+      copy_into(t, tmp);
+    }
+  }
+  dispatch_stats().ops++;
+  return outs;
+}
+
+}  // namespace
+
+TORCH_LIBRARY(torch_tpu, m) {
+  m.def("run_graph(int graph, Tensor[] inputs) -> Tensor[]");
+}
+
+TORCH_LIBRARY_IMPL(torch_tpu, CompositeExplicitAutograd, m) {
+  m.impl("run_graph", run_graph);
+}
+
+}  // namespace tpu::aten

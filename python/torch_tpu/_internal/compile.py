@@ -1,0 +1,259 @@
+"""`torch.compile(backend="tpu")`: AOTAutograd graphs -> one StableHLO program each.
+
+Each FX graph (forward, and backward when training) is described with plain values and lowered
+in C++ through the same lowering table eager uses, compiled once (memory + disk cache), and run
+by the `torch_tpu::run_graph` op. Input mutations (aot's trailing `copy_`) are written back
+through the storage write path with donation. Graphs with ops that have no lowering, or that
+draw random numbers, run op by op in eager mode instead (correct, warned once).
+"""
+
+from __future__ import annotations
+
+import operator
+import warnings
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+import torch.fx
+
+from torch_tpu import _C
+
+_DTYPE_INDEX = {
+    torch.uint8: 0, torch.int8: 1, torch.int16: 2, torch.int32: 3, torch.int64: 4, torch.float16: 5,
+    torch.float32: 6, torch.float64: 7, torch.bool: 11, torch.bfloat16: 15, torch.uint16: 27,
+    torch.uint32: 28, torch.uint64: 29,
+}
+
+# GArg::Kind in csrc/aten/graph.h
+K_NONE, K_REF, K_REFLIST, K_OPTREFLIST, K_SCALARREF, K_INT, K_INTLIST, K_DOUBLE, K_BOOL, K_STR, K_DTYPE, \
+    K_SCALARF, K_SCALARI, K_SCALARB = range(14)
+
+
+class Unsupported(Exception):
+    pass
+
+
+def _dtype(d: torch.dtype) -> int:
+    if d not in _DTYPE_INDEX:
+        raise Unsupported(f"dtype {d}")
+    return _DTYPE_INDEX[d]
+
+
+def _tensor_type(v: Any, with_strides: bool = False) -> tuple:
+    if not isinstance(v, torch.Tensor):
+        raise Unsupported(f"non-tensor value {type(v).__name__}")
+    t: tuple = (_dtype(v.dtype), [int(s) for s in v.shape])
+    if with_strides:
+        t = t + ([int(s) for s in v.stride()],)
+    return t
+
+
+def _is_number_type(arg: torch._C.Argument) -> bool:
+    t = arg.type
+    if isinstance(t, torch._C.OptionalType):
+        t = t.getElementType()
+    return isinstance(t, torch._C.NumberType)
+
+
+def _bind(op: torch._ops.OpOverload, args: Sequence[Any], kwargs: dict[str, Any]) -> list[tuple[torch._C.Argument, Any]]:
+    out = []
+    for i, a in enumerate(op._schema.arguments):
+        if i < len(args) and not a.kwarg_only:
+            out.append((a, args[i]))
+        elif a.name in kwargs:
+            out.append((a, kwargs[a.name]))
+        elif a.has_default_value():
+            out.append((a, a.default_value))
+        else:
+            out.append((a, None))
+    return out
+
+
+class _Describer:
+    def __init__(self, gm: torch.fx.GraphModule, name: str) -> None:
+        self.gm = gm
+        self.name = name
+        self.ids: dict[torch.fx.Node, Any] = {}
+        self.next_id = 0
+        self.placeholders: list[torch.fx.Node] = []
+
+    def new_id(self) -> int:
+        self.next_id += 1
+        return self.next_id - 1
+
+    def ref(self, v: Any) -> int:
+        if not isinstance(v, torch.fx.Node) or not isinstance(self.ids.get(v), int):
+            raise Unsupported(f"argument {v!r} is not a tensor value")
+        return self.ids[v]
+
+    def arg(self, schema_arg: torch._C.Argument, v: Any) -> tuple:
+        name = schema_arg.name
+        number = _is_number_type(schema_arg)
+        if isinstance(v, torch.fx.Node):
+            return (name, K_SCALARREF if number else K_REF, 0, 0.0, "", [self.ref(v)])
+        if isinstance(v, (list, tuple)) and any(isinstance(e, torch.fx.Node) for e in v) or (
+            isinstance(v, (list, tuple)) and "Tensor" in str(schema_arg.type)
+        ):
+            opt = "Optional[Tensor]" in str(schema_arg.type) or "Tensor?" in str(schema_arg.type)
+            return (name, K_OPTREFLIST if opt else K_REFLIST, 0, 0.0, "", [-1 if e is None else self.ref(e) for e in v])
+        if v is None or isinstance(v, (torch.device, torch.layout, torch.memory_format)):
+            return (name, K_NONE, 0, 0.0, "", [])
+        if isinstance(v, bool):
+            return (name, K_SCALARB if number else K_BOOL, int(v), 0.0, "", [])
+        if isinstance(v, int):
+            return (name, K_SCALARI if number else K_INT, v, 0.0, "", [])
+        if isinstance(v, float):
+            return (name, K_SCALARF if number else K_DOUBLE, 0, v, "", [])
+        if isinstance(v, torch.dtype):
+            return (name, K_DTYPE, _dtype(v), 0.0, "", [])
+        if isinstance(v, str):
+            return (name, K_STR, 0, 0.0, v, [])
+        if isinstance(v, (list, tuple)) and all(isinstance(e, (int, bool)) for e in v):
+            return (name, K_INTLIST, 0, 0.0, "", [int(e) for e in v])
+        raise Unsupported(f"argument {name}={v!r}")
+
+    def describe(self) -> tuple[dict[str, Any], list[tuple[str, Any]]]:
+        inputs = []
+        nodes = []
+        mutations = []
+        for n in self.gm.graph.nodes:
+            if n.op == "placeholder":
+                v = n.meta.get("val")
+                if isinstance(v, torch.Tensor):
+                    inputs.append(_tensor_type(v))
+                elif isinstance(v, (float, torch.SymFloat)):
+                    inputs.append((_dtype(torch.float64), []))
+                elif isinstance(v, (bool, int, torch.SymInt, torch.SymBool)):
+                    inputs.append((_dtype(torch.int64), []))
+                else:
+                    raise Unsupported(f"graph input of type {type(v).__name__}")
+                self.ids[n] = self.new_id()
+                self.placeholders.append(n)
+        for n in self.gm.graph.nodes:
+            if n.op != "call_function":
+                continue
+            if n.target is operator.getitem:
+                self.ids[n] = self.ids[n.args[0]][n.args[1]]
+                continue
+            op = n.target
+            if not isinstance(op, torch._ops.OpOverload):
+                raise Unsupported(f"call to {op}")
+            if torch.Tag.nondeterministic_seeded in op.tags:
+                raise Unsupported(f"random op {op}")
+            if op is torch.ops.aten.copy_.default and n.args[0] in self.placeholders:
+                mutations.append((self.placeholders.index(n.args[0]), self.ref(n.args[1])))
+                self.ids[n] = self.ref(n.args[1])
+                continue
+            if op is torch.ops.prims.convert_element_type.default:
+                # A dtype conversion: the runtime converts every lowering result to its out dtype.
+                out_id = self.new_id()
+                self.ids[n] = out_id
+                nodes.append(("_to_copy", "", [("self", K_REF, 0, 0.0, "", [self.ref(n.args[0])])], [out_id],
+                              [_tensor_type(n.meta["val"])]))
+                continue
+            if not op._schema.name.startswith("aten::"):
+                raise Unsupported(f"non-aten op {op}")
+            base = op._schema.name[len("aten::"):]
+            if base.endswith("_") and not base.startswith("__"):
+                raise Unsupported(f"in-place op {op} in a functional graph")
+            args = [self.arg(a, v) for a, v in _bind(op, n.args, n.kwargs)]
+            val = n.meta.get("val")
+            vals = list(val) if isinstance(val, (list, tuple)) else [val]
+            out_ids, out_types = [], []
+            for v in vals:
+                if isinstance(v, torch.Tensor):
+                    out_ids.append(self.new_id())
+                    out_types.append(_tensor_type(v))
+                else:
+                    out_ids.append(-1)
+                    out_types.append((-1, []))
+            self.ids[n] = out_ids[0] if not isinstance(val, (list, tuple)) else out_ids
+            nodes.append((base, op._overloadname if op._overloadname != "default" else "", args, out_ids, out_types))
+        out_node = next(n for n in self.gm.graph.nodes if n.op == "output")
+        outputs, output_types, spec = [], [], []
+        for o in out_node.args[0]:
+            if isinstance(o, torch.fx.Node) and o in self.placeholders:
+                spec.append(("input", self.placeholders.index(o)))
+            elif isinstance(o, torch.fx.Node):
+                v = o.meta.get("val")
+                if not isinstance(v, torch.Tensor):
+                    raise Unsupported(f"non-tensor graph output {v!r}")
+                spec.append(("out", len(outputs)))
+                outputs.append(self.ref(o))
+                output_types.append(_tensor_type(v, with_strides=True))
+            else:
+                spec.append(("const", o))
+        desc = {"name": self.name, "inputs": inputs, "nodes": nodes, "outputs": outputs,
+                "output_types": output_types, "mutations": mutations}
+        return desc, spec
+
+
+_graph_counter = [0]
+
+
+def compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Callable:
+    """An AOTAutograd compiler: returns a boxed callable running `gm` as one program."""
+    from torch._functorch.aot_autograd import make_boxed_func
+
+    _graph_counter[0] += 1
+    name = f"graph{_graph_counter[0]}"
+    try:
+        desc, spec = _Describer(gm, name).describe()
+        missing = _C._graph_unsupported(desc)
+        if missing:
+            raise Unsupported("no lowering for " + ", ".join(sorted(set(missing))))
+        gid = _C._graph_build(desc)
+    except Unsupported as e:
+        warnings.warn(f"torch_tpu: compiled graph runs op by op in eager mode ({e})", stacklevel=2)
+        return make_boxed_func(gm.forward)
+
+    def run(args: list[Any]) -> list[Any]:
+        tensors = [a if isinstance(a, torch.Tensor) else torch.tensor(
+            a, dtype=torch.float64 if isinstance(a, float) else torch.int64) for a in args]
+        outs = torch.ops.torch_tpu.run_graph(gid, tensors)
+        result = []
+        for kind, v in spec:
+            if kind == "out":
+                result.append(outs[v])
+            elif kind == "input":
+                result.append(args[v])
+            else:
+                result.append(v)
+        args.clear()
+        return result
+
+    run._boxed_call = True  # type: ignore[attr-defined]
+    return run
+
+
+class TpuBackend:
+    """The Dynamo backend `"tpu"` (also usable as `torch.compile(m, backend=TpuBackend())`)."""
+
+    def __init__(self) -> None:
+        from torch._decomp import core_aten_decompositions
+        from torch._dynamo.backends.common import aot_autograd
+
+        self._aot = aot_autograd(
+            fw_compiler=compile_graph,
+            bw_compiler=compile_graph,
+            decompositions=core_aten_decompositions(),
+            keep_inference_input_mutations=True,
+        )
+
+    def __call__(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any], **kwargs: Any) -> Callable:
+        return self._aot(gm, example_inputs, **kwargs)
+
+
+def tpu_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], **kwargs: Any) -> Callable:
+    """Entry point for the `torch_dynamo_backends` group (Dynamo loads it lazily by name)."""
+    return _backend()(gm, example_inputs, **kwargs)
+
+
+_instance: list[TpuBackend] = []
+
+
+def _backend() -> TpuBackend:
+    if not _instance:
+        _instance.append(TpuBackend())
+    return _instance[0]
