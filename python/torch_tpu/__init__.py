@@ -70,8 +70,10 @@ def _autoload() -> None:
     _torch.backends.tpu = backends  # type: ignore[attr-defined]
     sys.modules["torch.backends.tpu"] = backends
 
+    from torch_tpu._internal import compile as tpu_compile
     from torch_tpu._internal import execution_mode
 
+    tpu_compile.install_default_backend_routing()
     execution_mode._init_from_env()
 
 

@@ -257,3 +257,49 @@ def _backend() -> TpuBackend:
     if not _instance:
         _instance.append(TpuBackend())
     return _instance[0]
+
+
+def _has_tpu_tensor(example_inputs: Sequence[Any]) -> bool:
+    return any(isinstance(t, torch.Tensor) and t.device.type == "tpu" for t in example_inputs)
+
+
+class _DefaultBackend:
+    """What `torch.compile(model)` (backend="inductor", the default) uses once torch_tpu is loaded:
+    graphs whose inputs live on tpu go to the "tpu" backend; everything else to Inductor,
+    unchanged. Inductor's own tpu path would need Pallas kernels via JAX; routing keeps the
+    default working without JAX and with the same programs as backend="tpu"."""
+
+    def __init__(self, mode: str | None, options: dict[str, Any] | None, dynamic: bool | None) -> None:
+        self._inductor = torch._TorchCompileInductorWrapper(mode, options, dynamic)
+
+    def __call__(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any], **kwargs: Any) -> Callable:
+        if _has_tpu_tensor(example_inputs):
+            return _backend()(gm, example_inputs)
+        return self._inductor(gm, example_inputs, **kwargs)
+
+    def __eq__(self, other: object) -> bool:  # Dynamo compares backends to reuse caches
+        return isinstance(other, _DefaultBackend) and self._inductor == other._inductor
+
+    def __hash__(self) -> int:
+        return hash(type(self))
+
+
+def install_default_backend_routing() -> None:
+    """Wraps torch.compile so its default backend routes tpu graphs to the tpu backend."""
+    original = torch.compile
+    if getattr(original, "_torch_tpu_routing", False):
+        return
+
+    def compile(model: Any = None, *, fullgraph: bool = False, dynamic: bool | None = None,  # noqa: A001
+                backend: Any = "inductor", mode: str | None = None, options: dict[str, Any] | None = None,
+                disable: bool = False) -> Any:
+        if isinstance(backend, str) and backend == "inductor":
+            backend = _DefaultBackend(mode, options, dynamic)
+            mode = options = None
+        return original(model, fullgraph=fullgraph, dynamic=dynamic, backend=backend, mode=mode,
+                        options=options, disable=disable)
+
+    compile.__doc__ = original.__doc__
+    compile.__wrapped__ = original  # type: ignore[attr-defined]
+    compile._torch_tpu_routing = True  # type: ignore[attr-defined]
+    torch.compile = compile  # type: ignore[assignment]
