@@ -35,9 +35,21 @@ def tpu(*ts):
 # ------------------------------------------------------------------ registration / defaults
 def test_policy_registered_for_autocast_privateuse1():
     has = torch._C._dispatch_has_kernel_for_dispatch_key
-    for op in ["aten::mm", "aten::linear", "aten::matmul", "aten::conv2d", "aten::scaled_dot_product_attention",
-               "aten::softmax.int", "aten::layer_norm", "aten::nll_loss", "aten::sum", "aten::norm.Scalar",
-               "aten::cat", "aten::index_copy", "aten::binary_cross_entropy"]:
+    for op in [
+        "aten::mm",
+        "aten::linear",
+        "aten::matmul",
+        "aten::conv2d",
+        "aten::scaled_dot_product_attention",
+        "aten::softmax.int",
+        "aten::layer_norm",
+        "aten::nll_loss",
+        "aten::sum",
+        "aten::norm.Scalar",
+        "aten::cat",
+        "aten::index_copy",
+        "aten::binary_cross_entropy",
+    ]:
         assert has(op, "AutocastPrivateUse1"), op
 
 
@@ -58,13 +70,23 @@ def test_linear_matmul_lower_precision_match_cpu_autocast(dtype):
     x, w, b = torch.randn(6, 16), torch.randn(12, 16), torch.randn(12)
     y3 = torch.randn(2, 16, 5)
     with torch.autocast("cpu", dtype=dtype):
-        ref = [F.linear(x, w, b), torch.matmul(x, w.t()), torch.mm(x, w.t()), torch.bmm(y3.transpose(1, 2), y3),
-               torch.addmm(b, x, w.t())]
+        ref = [
+            F.linear(x, w, b),
+            torch.matmul(x, w.t()),
+            torch.mm(x, w.t()),
+            torch.bmm(y3.transpose(1, 2), y3),
+            torch.addmm(b, x, w.t()),
+        ]
     xt, wt, bt, y3t = tpu(x, w, b, y3)
     with torch.autocast(DEV, dtype=dtype):
-        got = [F.linear(xt, wt, bt), torch.matmul(xt, wt.t()), torch.mm(xt, wt.t()),
-               torch.bmm(y3t.transpose(1, 2), y3t), torch.addmm(bt, xt, wt.t())]
-    for r, g in zip(ref, got):
+        got = [
+            F.linear(xt, wt, bt),
+            torch.matmul(xt, wt.t()),
+            torch.mm(xt, wt.t()),
+            torch.bmm(y3t.transpose(1, 2), y3t),
+            torch.addmm(bt, xt, wt.t()),
+        ]
+    for r, g in zip(ref, got, strict=True):
         assert r.dtype == dtype and g.dtype == dtype
         torch.testing.assert_close(g.cpu().float(), r.float(), **TOL[dtype])
 
@@ -120,7 +142,7 @@ def test_fp32_ops_run_in_float32(dtype):
 
 
 def test_promote_ops_use_widest_type():
-    a32, = tpu(torch.randn(4, 3))
+    (a32,) = tpu(torch.randn(4, 3))
     with torch.autocast(DEV, dtype=torch.bfloat16):
         a16 = a32 @ torch.eye(3, device=DEV)
         assert a16.dtype == torch.bfloat16
@@ -185,7 +207,7 @@ def test_backward_through_autocast_matches_cpu_autocast(dtype):
 
     assert out_t.dtype == dtype and loss_t.dtype == torch.float32
     torch.testing.assert_close(loss_t.cpu(), loss_c, **TOL[dtype])
-    for (n, pc), pt in zip(cpu_model.named_parameters(), tpu_model.parameters()):
+    for (n, pc), pt in zip(cpu_model.named_parameters(), tpu_model.parameters(), strict=True):
         assert pt.grad.dtype == torch.float32, n  # grads land in the parameters' dtype
         torch.testing.assert_close(pt.grad.cpu(), pc.grad, **TOL[dtype], msg=n)
 
@@ -205,9 +227,20 @@ def test_non_finite_check_and_unscale_matches_cpu(gdtype):
         torch._amp_foreach_non_finite_check_and_unscale_(gs, found_c, inv_c)
         torch._amp_foreach_non_finite_check_and_unscale_(gt, found_t, inv_t)
         assert found_t.item() == found_c.item() == (0.0 if inject is None else 1.0)
-        for c, t in zip(gs, gt):
+        for c, t in zip(gs, gt, strict=True):
             assert t.dtype == gdtype
             torch.testing.assert_close(t.cpu(), c, rtol=0, atol=0, equal_nan=True)
+    # Grads that are views (a flat buffer's slices, a transpose), 0-d and empty grads.
+    flat = torch.randn(26).to(gdtype)
+    flat[13] = float("inf")
+    views_c = [flat[:12].view(3, 4), flat[12:24].view(4, 3).t(), flat[24], flat[25:25]]
+    flat_t = flat.to(DEV)
+    views_t = [flat_t[:12].view(3, 4), flat_t[12:24].view(4, 3).t(), flat_t[24], flat_t[25:25]]
+    found_c, found_t = torch.zeros(()), torch.zeros((), device=DEV)
+    torch._amp_foreach_non_finite_check_and_unscale_(views_c, found_c, torch.full((), 0.25))
+    torch._amp_foreach_non_finite_check_and_unscale_(views_t, found_t, torch.full((), 0.25, device=DEV))
+    assert found_t.item() == found_c.item() == 1.0
+    torch.testing.assert_close(flat_t.cpu(), flat, rtol=0, atol=0)
     # found_inf is sticky: a later clean list leaves it set; an empty list is a no-op.
     found = torch.ones((), device=DEV)
     torch._amp_foreach_non_finite_check_and_unscale_([grads[0].to(DEV)], found, torch.ones((), device=DEV))
@@ -252,7 +285,7 @@ def test_grad_scaler_float16_training_step():
     opt_c = torch.optim.SGD(ref.parameters(), lr=0.1)
     F.mse_loss(ref(x), target).backward()
     opt_c.step()
-    ref_delta = torch.cat([(p.detach() - b).flatten() for p, b in zip(ref.parameters(), before)])
+    ref_delta = torch.cat([(p.detach() - b).flatten() for p, b in zip(ref.parameters(), before, strict=True)])
 
     model = _mlp().to(DEV)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -275,7 +308,9 @@ def test_grad_scaler_float16_training_step():
     # Step 1: taken; direction matches the fp32 step; scale unchanged (growth_interval=2).
     before_t = [p.detach().cpu().clone() for p in model.parameters()]
     step()
-    delta = torch.cat([(p.detach().cpu() - b).flatten() for p, b in zip(model.parameters(), before_t)])
+    delta = torch.cat(
+        [(p.detach().cpu() - b).flatten() for p, b in zip(model.parameters(), before_t, strict=True)]
+    )
     assert F.cosine_similarity(delta, ref_delta, dim=0) > 0.999
     torch.testing.assert_close(delta, ref_delta, rtol=0.02, atol=2e-4)
     assert scaler.get_scale() == 2.0**10 and scaler._get_growth_tracker() == 1
@@ -288,11 +323,11 @@ def test_grad_scaler_float16_training_step():
     # Step 3: an inf gradient -> step skipped (parameters unchanged), scale halves.
     params = [p.detach().cpu().clone() for p in model.parameters()]
     step(inject_inf=True)
-    for p, b in zip(model.parameters(), params):
+    for p, b in zip(model.parameters(), params, strict=True):
         assert torch.equal(p.detach().cpu(), b)
     assert scaler.get_scale() == 2.0**10 and scaler._get_growth_tracker() == 0
 
     # Step 4: training resumes.
     step()
-    assert any(not torch.equal(p.detach().cpu(), b) for p, b in zip(model.parameters(), params))
+    assert any(not torch.equal(p.detach().cpu(), b) for p, b in zip(model.parameters(), params, strict=True))
     assert scaler._get_growth_tracker() == 1

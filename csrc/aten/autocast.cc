@@ -102,7 +102,7 @@ void call_boxed(const char* name, torch::jit::Stack stack) {
   c10::Dispatcher::singleton().findSchemaOrThrow(name, "").callBoxed(&stack);
 }
 
-void check_one_float(const at::Tensor& t, const char* what, c10::ScalarType dtype, const char* dname) {
+void check_one_element(const at::Tensor& t, const char* what, c10::ScalarType dtype, const char* dname) {
   TORCH_CHECK(t.device().type() == c10::DeviceType::PrivateUse1, what, " must be a tpu tensor.");
   TORCH_CHECK(t.numel() == 1, what, " must be a 1-element tensor.");
   TORCH_CHECK(t.scalar_type() == dtype, what, " must be a ", dname, " tensor.");
@@ -111,8 +111,8 @@ void check_one_float(const at::Tensor& t, const char* what, c10::ScalarType dtyp
 void amp_foreach_non_finite_check_and_unscale(at::TensorList grads, at::Tensor& found_inf,
                                               const at::Tensor& inv_scale) {
   if (grads.empty()) return;
-  check_one_float(inv_scale, "inv_scale", at::kFloat, "float");
-  check_one_float(found_inf, "found_inf", at::kFloat, "float");
+  check_one_element(inv_scale, "inv_scale", at::kFloat, "float");
+  check_one_element(found_inf, "found_inf", at::kFloat, "float");
   TORCH_CHECK(inv_scale.device() == found_inf.device(), "inv_scale and found_inf must be on the same device.");
   c10::DeviceGuard guard(found_inf.device());
   const c10::ScalarType dtype = grads[0].scalar_type();
@@ -128,9 +128,9 @@ void amp_foreach_non_finite_check_and_unscale(at::TensorList grads, at::Tensor& 
 
 at::Tensor& amp_update_scale(at::Tensor& scale, at::Tensor& growth_tracker, const at::Tensor& found_inf,
                              double growth_factor, double backoff_factor, int64_t growth_interval) {
-  check_one_float(scale, "current_scale", at::kFloat, "float");
-  check_one_float(growth_tracker, "growth_tracker", at::kInt, "int");
-  check_one_float(found_inf, "found_inf", at::kFloat, "float");
+  check_one_element(scale, "current_scale", at::kFloat, "float");
+  check_one_element(growth_tracker, "growth_tracker", at::kInt, "int");
+  check_one_element(found_inf, "found_inf", at::kFloat, "float");
   TORCH_CHECK(growth_tracker.device() == scale.device() && found_inf.device() == scale.device(),
               "current_scale, growth_tracker and found_inf must be on the same device.");
   c10::DeviceGuard guard(scale.device());

@@ -193,6 +193,7 @@ TPU_CONST_LIKE(new_ones, 1)
 TPU_CONST_LIKE(zeros, 0)
 TPU_CONST_LIKE(ones, 1)
 TPU_CONST_LIKE(empty_strided, 0)
+TPU_CONST_LIKE(empty_permuted, 0)
 #undef TPU_CONST_LIKE
 
 }  // namespace tpu::lowering

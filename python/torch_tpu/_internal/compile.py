@@ -77,6 +77,7 @@ class _Describer:
         self.ids: dict[torch.fx.Node, Any] = {}
         self.next_id = 0
         self.placeholders: list[torch.fx.Node] = []
+        self.constants: list[torch.Tensor] = []
 
     def new_id(self) -> int:
         self.next_id += 1
@@ -130,6 +131,15 @@ class _Describer:
                     raise Unsupported(f"graph input of type {type(v).__name__}")
                 self.ids[n] = self.new_id()
                 self.placeholders.append(n)
+        # Tensor constants (get_attr) become extra program inputs after the placeholders.
+        for n in self.gm.graph.nodes:
+            if n.op == "get_attr":
+                t = getattr(self.gm, n.target)
+                if not isinstance(t, torch.Tensor):
+                    raise Unsupported(f"graph attribute {n.target} is not a tensor")
+                inputs.append(_tensor_type(t))
+                self.ids[n] = self.new_id()
+                self.constants.append(t)
         for n in self.gm.graph.nodes:
             if n.op != "call_function":
                 continue
@@ -186,7 +196,7 @@ class _Describer:
                 spec.append(("const", o))
         desc = {"name": self.name, "inputs": inputs, "nodes": nodes, "outputs": outputs,
                 "output_types": output_types, "mutations": mutations}
-        return desc, spec
+        return desc, spec, self.constants
 
 
 _graph_counter = [0]
@@ -199,7 +209,7 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Ca
     _graph_counter[0] += 1
     name = f"graph{_graph_counter[0]}"
     try:
-        desc, spec = _Describer(gm, name).describe()
+        desc, spec, constants = _Describer(gm, name).describe()
         missing = _C._graph_unsupported(desc)
         if missing:
             raise Unsupported("no lowering for " + ", ".join(sorted(set(missing))))
@@ -208,9 +218,14 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Ca
         warnings.warn(f"torch_tpu: compiled graph runs op by op in eager mode ({e})", stacklevel=2)
         return make_boxed_func(gm.forward)
 
+    device = next((a.device for a in example_inputs if isinstance(a, torch.Tensor) and a.device.type == "tpu"),
+                  torch.device("tpu"))
+    consts = [c.to(device) for c in constants]
+
     def run(args: list[Any]) -> list[Any]:
         tensors = [a if isinstance(a, torch.Tensor) else torch.tensor(
             a, dtype=torch.float64 if isinstance(a, float) else torch.int64) for a in args]
+        tensors.extend(consts)
         outs = torch.ops.torch_tpu.run_graph(gid, tensors)
         result = []
         for kind, v in spec:
