@@ -148,3 +148,58 @@ def test_default_backend_routes_tpu_graphs() -> None:
     mt.compile()  # nn.Module.compile goes through torch.compile too
     torch.testing.assert_close(mt(x.to("tpu")).cpu(), ref, atol=1e-5, rtol=1e-5)
     # CPU graphs still go to Inductor untouched (only checked when a C++ compiler is present).
+
+
+def _tiny_llama() -> torch.nn.Module:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    cfg = LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+    torch.manual_seed(0)
+    return LlamaForCausalLM(cfg)
+
+
+def test_tiny_llama_forward_and_backward_compiled() -> None:
+    m = _tiny_llama()
+    mt = copy.deepcopy(m).to("tpu")
+    ids = torch.randint(0, 256, (2, 12))
+    loss = m(ids, labels=ids).loss
+    loss.backward()
+    cm = torch.compile(mt, backend="tpu")
+    with _no_eager_fallback_warning():
+        loss_t = cm(ids.to("tpu"), labels=ids.to("tpu")).loss
+        loss_t.backward()
+    torch.testing.assert_close(loss_t.cpu(), loss, atol=1e-5, rtol=1e-5)
+    for p, pt in zip(m.parameters(), mt.parameters(), strict=True):
+        torch.testing.assert_close(pt.grad.cpu(), p.grad, atol=1e-5, rtol=1e-4)
+    assert torch_tpu.fallback_stats() == {}
+
+
+def test_tiny_llama_static_cache_decode_no_recompiles() -> None:
+    m = _tiny_llama().eval()
+    ids = torch.randint(0, 256, (1, 6))
+    ref = m.generate(ids, max_new_tokens=6, do_sample=False)
+    mt = copy.deepcopy(m).to("tpu")
+    out = mt.generate(ids.to("tpu"), max_new_tokens=6, do_sample=False, cache_implementation="static")
+    assert torch.equal(out.cpu(), ref)
+    before = torch_tpu.cache_stats()
+    out = mt.generate(ids.to("tpu"), max_new_tokens=6, do_sample=False, cache_implementation="static")
+    after = torch_tpu.cache_stats()
+    assert torch.equal(out.cpu(), ref)
+    assert after["misses"] == before["misses"] and after["disk_hits"] == before["disk_hits"]
+
+
+class _no_eager_fallback_warning:  # noqa: N801 - used as a context manager
+    """Fails if a compiled graph had to run op by op."""
+
+    def __enter__(self) -> None:
+        import warnings
+
+        self._cm = warnings.catch_warnings(record=True)
+        self._log = self._cm.__enter__()
+        warnings.simplefilter("always")
+
+    def __exit__(self, *exc: object) -> None:
+        self._cm.__exit__(*exc)
+        bad = [str(w.message) for w in self._log if "runs op by op" in str(w.message)]
+        assert not bad, bad

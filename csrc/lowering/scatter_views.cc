@@ -46,3 +46,29 @@ TPU_LOWER(select_scatter) {
 }
 
 }  // namespace tpu::lowering
+
+namespace tpu::lowering {
+
+// isin: every element compared with every test element (fine for the small test sets that
+// generation and masking use), then reduced with `or`.
+TPU_LOWER(isin) {
+  const Type& o = out_type(c);
+  ElemType t = c.common;
+  Value elems = c.has("elements") ? (c.arg("elements").kind == Arg::Kind::Tensor
+                                         ? c.tensor("elements")
+                                         : c.arg("elements").scalar)
+                                  : c.arg("element").scalar;
+  Value tests = c.has("test_elements") ? (c.arg("test_elements").kind == Arg::Kind::Tensor
+                                              ? c.tensor("test_elements")
+                                              : c.arg("test_elements").scalar)
+                                       : c.arg("test_element").scalar;
+  Value e = b.reshape(b.convert(elems, t), {elems.type.numel()});
+  Value s = b.reshape(b.convert(tests, t), {tests.type.numel()});
+  int64_t n = e.shape()[0], m = s.shape()[0];
+  Value eq = b.compare(Cmp::EQ, b.broadcast_in_dim(e, {n, m}, {0}), b.broadcast_in_dim(s, {n, m}, {1}));
+  Value any = b.reduce(eq, b.constant_i(0, ElemType::Pred), {1}, "or");
+  if (c.bool_("invert")) any = b.not_(any);
+  return {b.reshape(any, o.shape)};
+}
+
+}  // namespace tpu::lowering
