@@ -166,7 +166,14 @@ int64_t build_graph(const GraphDesc& desc) {
     results.push_back(v);
   }
   std::string mlir = b.module(results);
-  g->exe = runtime::CompileCache::get().get_or_compile(mlir, "graph " + desc.name, "new graph");
+  std::string why = "new graph, inputs (";
+  for (size_t i = 0; i < desc.inputs.size(); ++i) {
+    why += (i ? ", " : "") + std::string(shlo::mlir_name(elem_of(static_cast<c10::ScalarType>(desc.inputs[i].dtype)))) + "[";
+    for (size_t k = 0; k < desc.inputs[i].sizes.size(); ++k) why += (k ? ", " : "") + std::to_string(desc.inputs[i].sizes[k]);
+    why += "]";
+  }
+  why += "), " + std::to_string(desc.nodes.size()) + " ops";
+  g->exe = runtime::CompileCache::get().get_or_compile(mlir, "graph " + desc.name, why);
   std::lock_guard<std::mutex> lock(graphs_mu);
   graphs().push_back(g);
   return static_cast<int64_t>(graphs().size() - 1);

@@ -114,7 +114,7 @@ struct Registrar {
       [[maybe_unused]] const ::tpu::lowering::OpCall& c)
 #define TPU_LOWER(opname) TPU_LOWER_IMPL(opname, false)
 #define TPU_LOWER_ELEMENTWISE(opname) TPU_LOWER_IMPL(opname, true)
-#define TPU_LOWER_RANDOM(opname) TPU_LOWER_IMPL(opname, false, true)
+#define TPU_LOWER_RANDOM(opname) TPU_LOWER_IMPL(opname, true, true)  // pointwise over the output
 #define TPU_LOWER_GRAPH(opname) TPU_LOWER_IMPL(opname, false, false, true)
 
 // ---- helpers shared by lowering files (helpers.cc)

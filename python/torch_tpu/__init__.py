@@ -12,6 +12,7 @@ from typing import Any
 
 __all__ = [
     "EagerMode",
+    "explain",
     "cache_stats",
     "dispatch_stats",
     "fallback_stats",
@@ -81,6 +82,7 @@ _autoload()
 
 from torch_tpu import _C  # noqa: E402
 from torch_tpu._internal.execution_mode import EagerMode, get_eager_mode, set_eager_mode  # noqa: E402
+from torch_tpu._internal.explain import explain  # noqa: E402
 
 
 def synchronize() -> None:
