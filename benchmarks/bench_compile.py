@@ -245,8 +245,8 @@ def measure_runtime() -> dict[str, Any]:
 
         # recompiles: XLA compiles (cache misses) and new Dynamo graphs during one warmed-up decode run
         recompiles: dict[str, Any] = {}
+        dyn = torch._dynamo.utils.counters["stats"]
         if COMPILED in live:
-            dyn = torch._dynamo.utils.counters["stats"]
             before, graphs_before = torch_tpu.cache_stats(), dyn["unique_graphs"]
             live[COMPILED].timed("decode")
             after = torch_tpu.cache_stats()
@@ -257,7 +257,12 @@ def measure_runtime() -> dict[str, Any]:
                 "dynamo_new_graphs": dyn["unique_graphs"] - graphs_before,
             }
             recompiles["xla_compiles_per_token"] = recompiles["xla_compiles"] / DECODE_TOKENS
+        if INDUCTOR in live:
+            graphs_before = dyn["unique_graphs"]
+            live[INDUCTOR].timed("decode")
+            recompiles["inductor_dynamo_new_graphs"] = dyn["unique_graphs"] - graphs_before
 
+        load_before = os.getloadavg()[0]
         before = torch_tpu.cache_stats()
         fb_before = sum(torch_tpu.fallback_stats().values())
         times: dict[str, dict[str, list[float]]] = {
@@ -297,6 +302,7 @@ def measure_runtime() -> dict[str, Any]:
         "errors": errors,
         "op_by_op_fallback_warnings": sorted(set(fallbacks)),
         "recompiles_after_warmup": recompiles,
+        "loadavg_1m_before_timing": load_before,
         "xla_compiles_during_timing": after["misses"] - before["misses"],
         "cpu_fallbacks_during_timing": cpu_fallbacks,
         "greedy_tokens": agreement,
@@ -342,6 +348,8 @@ def child() -> None:
         "first_call_s": first_s,
         "second_call_s": second_s,
         "framework_warmup_s": framework_s,
+        # first call minus XLA compile / disk load: Dynamo trace, AOTAutograd, graph build, the run
+        "non_xla_s": first_s - (stats["compile_ms"] + stats["disk_load_ms"]) / 1e3,
         "cache": stats,
         "op_by_op_fallback_warnings": fallbacks,
     }

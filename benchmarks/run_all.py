@@ -21,6 +21,7 @@ BENCHMARKS = {
     "dispatch": "bench_dispatch",
     "gemm": "bench_gemm",
     "minilm": "bench_minilm",
+    "compile": "bench_compile",
     "cold_warm": "bench_cold_warm",
 }
 

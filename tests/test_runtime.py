@@ -73,8 +73,9 @@ def test_eager_modes() -> None:
         assert get_eager_mode() is EagerMode.DEFER_NEVER_AND_LAUNCH_BLOCKING
         assert (torch.ones(3, device="tpu") * 2).sum().item() == 6.0
     assert get_eager_mode() is EagerMode.DEFER_NEVER
-    with pytest.raises(NotImplementedError, match="DEFER_AND_FUSE"):
-        set_eager_mode(EagerMode.DEFER_AND_FUSE)
+    with set_eager_mode(EagerMode.DEFER_AND_FUSE):
+        assert get_eager_mode() is EagerMode.DEFER_AND_FUSE
+    assert get_eager_mode() is EagerMode.DEFER_NEVER
     r = run_python(
         "import torch\nfrom torch_tpu._internal.execution_mode import get_eager_mode\nprint(get_eager_mode().name)",
         env={"TPU_LAUNCH_BLOCKING": "1"},

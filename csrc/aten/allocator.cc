@@ -8,6 +8,7 @@
 #include <string>
 
 #include "common.h"
+#include "execute.h"
 #include "runtime/context.h"
 
 namespace tpu::aten {
@@ -15,6 +16,7 @@ namespace tpu::aten {
 namespace {
 void delete_state(void* ctx) {
   std::unique_ptr<runtime::StorageState> owned(static_cast<runtime::StorageState*>(ctx));
+  fused_forget(owned.get());  // a pending fused program must not write into freed state
   TpuAllocator::get().on_free(owned->device, owned->nbytes);
 }
 

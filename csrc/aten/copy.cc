@@ -57,6 +57,7 @@ at::Tensor to_host(const at::Tensor& src) {
   if (!whole) {
     dev = empty_tpu_like(src, src.device().index());
     device_copy(dev, src);
+    fused_flush();  // the buffer is read below
   }
   runtime::StorageState& ds = state_of(dev);
   ds.buffer->to_host(host.data_ptr(), static_cast<size_t>(host.numel()) * host.itemsize());
@@ -85,6 +86,8 @@ void copy_into(const at::Tensor& dst, const at::Tensor& src) {
   TORCH_CHECK(dst.defined() && src.defined(), "copy_: undefined tensor");
   if (dst.numel() == 0) return;
   bool dst_tpu = dst.device().type() == kTpu, src_tpu = src.device().type() == kTpu;
+  // Host transfers and cross-chip copies touch buffers directly: a sync point for fused eager.
+  if (!dst_tpu || !src_tpu || dst.device() != src.device()) fused_flush();
   if (dst_tpu) elem_of(dst.scalar_type());  // clear error for unsupported dtypes
   if (src_tpu) elem_of(src.scalar_type());
   if (!dst_tpu && src_tpu) {
@@ -122,6 +125,7 @@ void copy_into(const at::Tensor& dst, const at::Tensor& src) {
           static_cast<size_t>(src.numel()) * src.itemsize() == ss.nbytes)) {
       c = empty_tpu_like(src, src.device().index());
       device_copy(c, src);
+      fused_flush();  // the buffer is read below
     }
     at::Tensor moved = empty_tpu_like(src, dst.device().index());
     auto& ctx = runtime::Context::get();

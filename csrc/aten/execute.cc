@@ -5,6 +5,7 @@
 #include <c10/util/Exception.h>
 
 #include <cstring>
+#include <algorithm>
 #include <mutex>
 #include <shared_mutex>
 #include <sstream>
@@ -316,9 +317,194 @@ pjrt::BufferPtr upload_host(const HostOperand& h, int device) {
   return buf;
 }
 
+// Emits one op into `b`: reads its tensor arguments out of the storage values `cur`, runs the
+// lowering, and writes the results back into `cur`. Shared by strict (one op per program) and
+// fused (many ops per program) execution.
+void emit_op(shlo::Builder& b, std::vector<Value>& cur, const std::vector<Value>& host_vals, const Plan& plan,
+           const std::vector<ArgPlan>& aps, const std::vector<TensorRef>& out_refs,
+           const lowering::OpEntry& entry, const std::string& name, const std::string& overload,
+           c10::ScalarType common, const std::vector<at::Tensor>& outs) {
+  auto read = [&](const TensorRef& r) {
+    Value v = runtime::read_view(b, cur[r.slot], r.view);
+    return b.reshape(v, r.logical);
+  };
+  lowering::OpCall call;
+  call.name = name;
+  call.overload = overload;
+  call.common = elem_of(common);
+  for (const auto& ap : aps) {
+    Arg a;
+    a.kind = ap.kind;
+    const c10::IValue& v = ap.src->value;
+    switch (ap.kind) {
+      case Arg::Kind::Tensor:
+        a.tensor = ap.refs.empty() ? host_vals[ap.host_index[0]] : read(*ap.refs[0]);
+        break;
+      case Arg::Kind::TensorList:
+      case Arg::Kind::OptTensorList:
+        for (size_t i = 0; i < ap.refs.size(); ++i) {
+          if (ap.refs[i]) a.tensors.push_back(read(*ap.refs[i]));
+          else if (ap.list_host[i]) a.tensors.push_back(host_vals[*ap.list_host[i]]);
+          else a.tensors.push_back(std::nullopt);
+        }
+        break;
+      case Arg::Kind::Scalar: a.scalar = host_vals[ap.host_index[0]]; break;
+      case Arg::Kind::DType: a.dtype = elem_of(static_cast<c10::ScalarType>(v.toInt())); break;
+      case Arg::Kind::Bool: a.b = v.toBool(); break;
+      case Arg::Kind::Int: a.i = v.isInt() ? v.toInt() : v.toSymInt().expect_int(); break;
+      case Arg::Kind::Double: a.d = v.toDouble(); break;
+      case Arg::Kind::IntList:
+        a.ints = int_list(v);
+        break;
+      case Arg::Kind::String: a.s = v.toStringRef(); break;
+      case Arg::Kind::None: break;
+    }
+    call.args.emplace_back(ap.src->name, std::move(a));
+  }
+  for (const auto& r : out_refs) call.outs.push_back(Type{r.view.elem, r.logical});  // undefined: empty
+  std::vector<Value> res = entry.fn(b, call);
+  TORCH_INTERNAL_ASSERT(res.size() >= outs.size(), "torch_tpu: lowering of ", name, " returned ",
+                        res.size(), " values for ", outs.size(), " outputs");
+  for (size_t i = 0; i < outs.size(); ++i) {
+    const TensorRef& r = out_refs[i];
+    if (r.slot < 0) continue;
+    Value v = b.convert(res[i], r.view.elem);
+    if (v.shape() != r.view.sizes) {
+      TORCH_INTERNAL_ASSERT(v.type.numel() == numel_of(r.view.sizes),
+                            "torch_tpu: lowering of ", name, " produced shape ", v.type.str(),
+                            " for an output of ", r.view.sizes.size(), " dims");
+      v = b.reshape(v, r.view.sizes);
+    }
+    const Slot& s = plan.slots[r.slot];
+    cur[r.slot] = runtime::write_view(b, cur[r.slot], v, r.view, s.numel, s.elem);
+  }
+}
+
+// ---------------------------------------------------------------- fused eager
+// DEFER_AND_FUSE: ops are emitted into one pending program instead of launching. Each storage
+// touched holds its *pending value*; the program is launched at sync points (host reads,
+// synchronize, data-dependent ops, direct buffer access, size limit) and its text - which
+// depends only on the recorded structure, never on scalar values - is the compile-cache key,
+// so a repeated loop body compiles once.
+struct Pending {
+  std::recursive_mutex mu;
+  std::unique_ptr<shlo::Builder> b;
+  int device = -1;
+  int ops = 0;
+  std::unordered_map<StorageState*, Value> cur;
+  std::unordered_map<StorageState*, int> arg_of;
+  std::vector<pjrt::BufferPtr> arg_bufs;  // in program-argument order
+  std::vector<StorageState*> written;     // first-write order (deterministic program text)
+};
+constexpr int kMaxFusedOps = 512;
+
+Pending& pending() {
+  static auto* p = std::make_unique<Pending>().release();
+  return *p;
+}
+
+void flush_locked(Pending& p) {
+  if (p.ops == 0) return;
+  std::vector<Value> results;
+  std::vector<StorageState*> targets;
+  for (StorageState* st : p.written) {
+    auto it = p.cur.find(st);
+    if (it == p.cur.end()) continue;  // storage died before the flush
+    if (auto a = p.arg_of.find(st); a != p.arg_of.end()) p.b->alias(a->second, static_cast<int>(results.size()));
+    results.push_back(it->second);
+    targets.push_back(st);
+  }
+  int ops = p.ops;
+  int device = p.device;
+  std::vector<pjrt::BufferPtr> bufs = std::move(p.arg_bufs);
+  std::string mlir = results.empty() ? std::string() : p.b->module(results);
+  p.b.reset();
+  p.cur.clear();
+  p.arg_of.clear();
+  p.arg_bufs.clear();
+  p.written.clear();
+  p.ops = 0;
+  p.device = -1;
+  if (results.empty()) return;
+  auto exe = runtime::CompileCache::get().get_or_compile(
+      mlir, "fused graph (" + std::to_string(ops) + " ops)", "new fused graph structure");
+  std::vector<PJRT_Buffer*> raw;
+  for (const auto& bptr : bufs) raw.push_back(bptr->raw());
+  auto outs = runtime::Executor::get().launch(*exe, device, raw, {}, "fused graph");
+  for (size_t i = 0; i < targets.size(); ++i) {
+    std::lock_guard<std::mutex> lock(targets[i]->mu);
+    targets[i]->buffer = outs[i];
+    targets[i]->elem = results[i].elem();
+  }
+}
+
+void fused_record(const Plan& plan, const std::vector<ArgPlan>& aps, const std::vector<TensorRef>& out_refs,
+                  const lowering::OpEntry& entry, const std::string& name, const std::string& overload,
+                  c10::ScalarType common, const std::vector<at::Tensor>& outs) {
+  Pending& p = pending();
+  std::lock_guard<std::recursive_mutex> lock(p.mu);
+  if (p.ops > 0 && p.device != plan.device) flush_locked(p);
+  if (!p.b) {
+    p.b = std::make_unique<shlo::Builder>();
+    p.device = plan.device;
+  }
+  shlo::Builder& b = *p.b;
+  std::vector<Value> cur(plan.slots.size());
+  for (size_t i = 0; i < plan.slots.size(); ++i) {
+    const Slot& s = plan.slots[i];
+    if (!s.read) continue;
+    if (auto it = p.cur.find(s.st); it != p.cur.end()) {
+      cur[i] = it->second;
+      continue;
+    }
+    if (!s.st->buffer) {  // never written: zeros, as in strict mode
+      std::vector<unsigned char> zeros(static_cast<size_t>(s.numel * elem_bytes(s.elem)), 0);
+      auto& ctx = runtime::Context::get();
+      s.st->buffer = ctx.client().from_host(zeros.data(), pjrt_of(s.elem), {s.numel}, ctx.device(s.st->device));
+      s.st->elem = s.elem;
+    }
+    int64_t n = static_cast<int64_t>(s.st->nbytes) / elem_bytes(s.st->elem);
+    Value v = b.arg(Type{s.st->elem, {n}});
+    p.arg_of[s.st] = b.num_args() - 1;
+    p.arg_bufs.push_back(s.st->buffer);
+    p.cur[s.st] = v;
+    cur[i] = v;
+  }
+  std::vector<Value> host_vals;
+  for (const auto& h : plan.host) {
+    p.arg_bufs.push_back(upload_host(h, plan.device));
+    host_vals.push_back(b.arg(Type{h.elem, h.dims}));
+  }
+  emit_op(b, cur, host_vals, plan, aps, out_refs, entry, name, overload, common, outs);
+  for (size_t i = 0; i < plan.slots.size(); ++i) {
+    const Slot& s = plan.slots[i];
+    if (!s.written) continue;
+    if (!p.cur.count(s.st) || std::find(p.written.begin(), p.written.end(), s.st) == p.written.end())
+      p.written.push_back(s.st);
+    p.cur[s.st] = cur[i];
+  }
+  dispatch_stats().ops++;
+  if (++p.ops >= kMaxFusedOps) flush_locked(p);
+}
+
 }  // namespace
 
+void fused_flush() {
+  Pending& p = pending();
+  std::lock_guard<std::recursive_mutex> lock(p.mu);
+  flush_locked(p);
+}
+
+void fused_forget(runtime::StorageState* st) {
+  Pending& p = pending();
+  std::lock_guard<std::recursive_mutex> lock(p.mu);
+  if (p.ops == 0) return;
+  p.cur.erase(st);
+  p.arg_of.erase(st);
+}
+
 void materialize(const at::Tensor& t) {
+  fused_flush();
   StorageState& st = state_of(t);
   std::lock_guard<std::mutex> lock(st.mu);
   if (st.buffer) return;
@@ -505,6 +691,11 @@ void run_lowering(const std::string& name, const std::string& overload,
     plan.key += s.written ? 'w' : '-';
   }
 
+  if (runtime::Context::get().mode() == runtime::EagerMode::DeferAndFuse) {
+    fused_record(plan, aps, out_refs, entry, name, overload, common, outs);
+    return;
+  }
+
   // Storages read for the first time hold "uninitialized" memory: give them zeros.
   for (const auto& s : plan.slots) {
     if (s.read && !s.st->buffer) {
@@ -533,60 +724,7 @@ void run_lowering(const std::string& name, const std::string& overload,
       if (plan.slots[i].read) cur[i] = b.arg(Type{plan.slots[i].elem, {plan.slots[i].numel}});
     std::vector<Value> host_vals;
     for (const auto& h : plan.host) host_vals.push_back(b.arg(Type{h.elem, h.dims}));
-    auto read = [&](const TensorRef& r) {
-      Value v = runtime::read_view(b, cur[r.slot], r.view);
-      return b.reshape(v, r.logical);
-    };
-    lowering::OpCall call;
-    call.name = name;
-    call.overload = overload;
-    call.common = elem_of(common);
-    for (const auto& ap : aps) {
-      Arg a;
-      a.kind = ap.kind;
-      const c10::IValue& v = ap.src->value;
-      switch (ap.kind) {
-        case Arg::Kind::Tensor:
-          a.tensor = ap.refs.empty() ? host_vals[ap.host_index[0]] : read(*ap.refs[0]);
-          break;
-        case Arg::Kind::TensorList:
-        case Arg::Kind::OptTensorList:
-          for (size_t i = 0; i < ap.refs.size(); ++i) {
-            if (ap.refs[i]) a.tensors.push_back(read(*ap.refs[i]));
-            else if (ap.list_host[i]) a.tensors.push_back(host_vals[*ap.list_host[i]]);
-            else a.tensors.push_back(std::nullopt);
-          }
-          break;
-        case Arg::Kind::Scalar: a.scalar = host_vals[ap.host_index[0]]; break;
-        case Arg::Kind::DType: a.dtype = elem_of(static_cast<c10::ScalarType>(v.toInt())); break;
-        case Arg::Kind::Bool: a.b = v.toBool(); break;
-        case Arg::Kind::Int: a.i = v.isInt() ? v.toInt() : v.toSymInt().expect_int(); break;
-        case Arg::Kind::Double: a.d = v.toDouble(); break;
-        case Arg::Kind::IntList:
-          a.ints = int_list(v);
-          break;
-        case Arg::Kind::String: a.s = v.toStringRef(); break;
-        case Arg::Kind::None: break;
-      }
-      call.args.emplace_back(ap.src->name, std::move(a));
-    }
-    for (const auto& r : out_refs) call.outs.push_back(Type{r.view.elem, r.logical});  // undefined: empty
-    std::vector<Value> res = entry.fn(b, call);
-    TORCH_INTERNAL_ASSERT(res.size() >= outs.size(), "torch_tpu: lowering of ", name, " returned ",
-                          res.size(), " values for ", outs.size(), " outputs");
-    for (size_t i = 0; i < outs.size(); ++i) {
-      const TensorRef& r = out_refs[i];
-      if (r.slot < 0) continue;
-      Value v = b.convert(res[i], r.view.elem);
-      if (v.shape() != r.view.sizes) {
-        TORCH_INTERNAL_ASSERT(v.type.numel() == numel_of(r.view.sizes),
-                              "torch_tpu: lowering of ", name, " produced shape ", v.type.str(),
-                              " for an output of ", r.view.sizes.size(), " dims");
-        v = b.reshape(v, r.view.sizes);
-      }
-      const Slot& s = plan.slots[r.slot];
-      cur[r.slot] = runtime::write_view(b, cur[r.slot], v, r.view, s.numel, s.elem);
-    }
+    emit_op(b, cur, host_vals, plan, aps, out_refs, entry, name, overload, common, outs);
     std::vector<Value> results;
     for (size_t i = 0; i < plan.slots.size(); ++i) {
       if (!plan.slots[i].written) continue;

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "lowering/lowering.h"
+#include "runtime/storage.h"
 
 namespace tpu::aten {
 
@@ -28,6 +29,10 @@ void run_lowering(const std::string& name, const std::string& overload,
 
 // Makes sure the storage has a device buffer (zeros when never written) and returns it.
 void materialize(const at::Tensor& t);
+
+// Fused eager: launches the pending program (a sync point); forgets a dying storage.
+void fused_flush();
+void fused_forget(runtime::StorageState* st);
 
 // Copies between any pair of devices/dtypes/strides (the `copy_` semantics).
 void copy_into(const at::Tensor& dst, const at::Tensor& src);

@@ -182,6 +182,7 @@ int64_t build_graph(const GraphDesc& desc) {
 namespace {
 
 std::vector<at::Tensor> run_graph(int64_t id, at::TensorList inputs) {
+  fused_flush();  // inputs may have pending fused values
   std::shared_ptr<Graph> g;
   {
     std::lock_guard<std::mutex> lock(graphs_mu);
@@ -223,6 +224,7 @@ std::vector<at::Tensor> run_graph(int64_t id, at::TensorList inputs) {
     if (!whole) {
       at::Tensor c = at::empty(t.sizes(), t.options().dtype(scalar_of(e)));
       copy_into(c, t);
+      fused_flush();  // the staged buffer is passed below
       staged.push_back(c);
       st = &state_of(c);
     }
@@ -269,6 +271,7 @@ std::vector<at::Tensor> run_graph(int64_t id, at::TensorList inputs) {
       ts.buffer = buf;
       ts.elem = e;
       copy_into(t, tmp);
+      fused_flush();
     }
   }
   dispatch_stats().ops++;

@@ -5,6 +5,7 @@
 #include <c10/util/Exception.h>
 
 #include "common.h"
+#include "execute.h"
 #include "runtime/context.h"
 #include "runtime/executor.h"
 
@@ -58,6 +59,7 @@ struct TpuGuardImpl final : public c10::impl::DeviceGuardImplInterface {
   bool queryStream(const c10::Stream&) const override { return runtime::Executor::get().idle(); }
   void synchronizeStream(const c10::Stream&) const override { runtime::Executor::get().synchronize(); }
   void synchronizeDevice(const c10::DeviceIndex) const override {
+    fused_flush();
     runtime::Executor::get().synchronize();
   }
   // Events: a recorded event is "everything launched so far"; record = no-op marker.

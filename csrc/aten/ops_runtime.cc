@@ -135,6 +135,7 @@ int64_t fused_sdp_choice(const at::Tensor&, const at::Tensor&, const at::Tensor&
 }  // namespace
 
 void resize_storage_bytes(const c10::Storage& storage, size_t newsize) {
+  fused_flush();
   runtime::StorageState& old = state_of(storage);
   c10::DeviceGuard g(c10::Device(kTpu, static_cast<c10::DeviceIndex>(old.device)));
   c10::DataPtr fresh = TpuAllocator::get().allocate(newsize);

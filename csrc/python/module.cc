@@ -99,11 +99,14 @@ PYBIND11_MODULE(_C, m) {
     d["debug_string"] = devs[i].debug_string;
     return d;
   });
+  m.def("_fused_flush", [] { tpu::aten::fused_flush(); });
   m.def("_synchronize", [] {
     py::gil_scoped_release nogil;
+    tpu::aten::fused_flush();
     tpu::runtime::Executor::get().synchronize();
   });
   m.def("_set_eager_mode", [](int mode) {
+    tpu::aten::fused_flush();  // leaving or entering fused mode is a sync point
     Context::get().set_mode(static_cast<tpu::runtime::EagerMode>(mode));
   });
   m.def("_get_eager_mode", [] { return static_cast<int>(Context::get().mode()); });

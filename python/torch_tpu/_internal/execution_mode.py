@@ -2,7 +2,8 @@
 
 DEFER_NEVER: strict eager (default) - each op launches asynchronously once PJRT accepts it.
 DEFER_NEVER_AND_LAUNCH_BLOCKING: debug eager - waits for every op, so errors name their op.
-DEFER_AND_FUSE: fused eager (records ops and flushes them as one program) - not built yet.
+DEFER_AND_FUSE: fused eager - ops are recorded into one pending program, launched at sync
+points (host reads, synchronize, data-dependent ops, size limit); the same semantics as strict.
 """
 
 from __future__ import annotations
@@ -28,11 +29,6 @@ def get_eager_mode() -> EagerMode:
 def _apply(mode: EagerMode) -> None:
     if not isinstance(mode, EagerMode):
         raise TypeError(f"expected a torch_tpu EagerMode, got {mode!r}")
-    if mode is EagerMode.DEFER_AND_FUSE:
-        raise NotImplementedError(
-            "EagerMode.DEFER_AND_FUSE (fused eager) is not implemented yet; use DEFER_NEVER "
-            "(strict, default) or DEFER_NEVER_AND_LAUNCH_BLOCKING (debug), or torch.compile(backend='tpu')"
-        )
     _C._set_eager_mode(mode.value)
 
 
@@ -58,9 +54,6 @@ def eager_mode(mode: EagerMode) -> Iterator[None]:
 
 def _init_from_env() -> None:
     if os.environ.get("TORCH_TPU_DEFER_AND_FUSE") == "1":
-        # Never fail `import torch` over an env var: say so and stay in strict eager.
-        import warnings
-
-        warnings.warn("TORCH_TPU_DEFER_AND_FUSE=1 is ignored: fused eager is not implemented yet", stacklevel=2)
+        _apply(EagerMode.DEFER_AND_FUSE)
     if os.environ.get("TPU_LAUNCH_BLOCKING") == "1":
         _apply(EagerMode.DEFER_NEVER_AND_LAUNCH_BLOCKING)
