@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import torch
-
 import torch_tpu
 from torch_tpu import EagerMode, set_eager_mode
 
