@@ -68,13 +68,17 @@ TOL = {
     torch.float16: (2e-2, 2e-2),
 }
 
+# Float dtypes whose mismatches are re-checked against a float64 computation of the op.
+HP_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
 # Ops whose values are random (or uninitialised): only shape/dtype/device are compared.
 RANDOM_OPS = {
     "bernoulli", "cauchy", "exponential", "geometric", "log_normal", "normal", "normal.in_place",
     "normal.number_mean", "uniform", "multinomial", "randn", "randn_like", "rand_like", "randint",
     "randint_like", "nn.functional.rrelu", "svd_lowrank", "pca_lowrank", "nn.functional.dropout",
     "nn.functional.dropout2d", "nn.functional.dropout3d", "nn.functional.alpha_dropout",
-    "nn.functional.feature_alpha_dropout.with_train",
+    "nn.functional.feature_alpha_dropout.with_train", "nn.functional.fractional_max_pool2d",
+    "nn.functional.fractional_max_pool3d",
 }
 _RANDOM_RE = re.compile(r"(^|\.)(rand[a-z_]*|bernoulli|multinomial|[a-z_]*dropout[a-z0-9_]*)$")
 
@@ -129,6 +133,7 @@ def _record(key: str, dtype: torch.dtype) -> dict:
             "cpu_ref_errors": 0,
             "fallback_ops": Counter(),
             "failures": [],
+            "passed_by_tie_or_f64_ref": 0,  # passed only via _ties_ok / _matches_higher_precision
             "sample_gen_error": None,
         },
     )
@@ -139,22 +144,90 @@ def _record(key: str, dtype: torch.dtype) -> dict:
 # ---------------------------------------------------------------------------------------------
 
 
-def _to_tpu(x):
+def _to_tpu(x, memo: dict | None = None):
+    """Moves every tensor of a sample to tpu. A view keeps its view-ness: its base moves once
+    (shared by all views of it in the sample, so aliasing survives) and the view is rebuilt with
+    the same sizes/strides/storage offset (ops like as_strided depend on the whole storage)."""
+    memo = {} if memo is None else memo
+    if isinstance(x, str) and x == "cpu":  # e.g. Tensor.to(x, "cpu", ...): target tpu instead
+        return DEV
     if isinstance(x, torch.Tensor):
         with torch.no_grad():
-            t = x.detach().to(DEV)
+            t = _view_to_tpu(x, memo)
+            if t is None:
+                t = x.detach().to(DEV)
         if x.requires_grad and t.is_floating_point():
             t.requires_grad_(True)
         return t
     if isinstance(x, torch.device) and x.type == "cpu":
         return torch.device(DEV)
     if isinstance(x, list):
-        return [_to_tpu(v) for v in x]
+        return [_to_tpu(v, memo) for v in x]
     if isinstance(x, tuple) and not hasattr(x, "_fields"):
-        return tuple(_to_tpu(v) for v in x)
+        return tuple(_to_tpu(v, memo) for v in x)
     if isinstance(x, dict):
-        return {k: (DEV if k == "device" and v in ("cpu", torch.device("cpu")) else _to_tpu(v)) for k, v in x.items()}
+        return {k: _to_tpu(v, memo) for k, v in x.items()}
     return x
+
+
+def _view_to_tpu(x: torch.Tensor, memo: dict) -> torch.Tensor | None:
+    base = x._base
+    if base is None or x.layout != torch.strided or base.layout != torch.strided:
+        return None
+    if not base.is_contiguous() or base.storage_offset() != 0 or x.dtype != base.dtype:
+        return None
+    if base.untyped_storage().nbytes() != base.numel() * base.element_size():
+        return None
+    tb = memo.get(id(base))
+    if tb is None:
+        tb = memo[id(base)] = base.detach().to(DEV)
+    return tb.as_strided(x.size(), x.stride(), x.storage_offset())
+
+
+# Tensor arguments PyTorch requires on the CPU (positional index into sample.args).
+CPU_ONLY_ARGS = {"tensor_split": 0}
+
+
+def _tpu_sample(key: str, sample):
+    memo: dict = {}
+    inp, args, kwargs = _to_tpu(sample.input, memo), _to_tpu(sample.args, memo), _to_tpu(sample.kwargs, memo)
+    if key in CPU_ONLY_ARGS and len(sample.args) > CPU_ONLY_ARGS[key]:
+        i = CPU_ONLY_ARGS[key]
+        args = (*args[:i], sample.args[i].clone() if isinstance(sample.args[i], torch.Tensor) else sample.args[i],
+                *args[i + 1:])
+    return inp, args, kwargs
+
+
+def _sample_is_random(key: str, sample) -> bool:
+    """Samples of deterministic ops that still draw random numbers (dropout inside attention)."""
+    kw = sample.kwargs
+    if isinstance(kw.get("dropout_p"), float) and kw["dropout_p"] > 0:
+        return True
+    return key == "nn.functional.multi_head_attention_forward" and bool(kw.get("training"))
+
+
+def _upcast(x):
+    """A float64 copy of a sample's floating tensors (the higher-precision reference)."""
+    if isinstance(x, torch.Tensor):
+        return x.detach().to(torch.float64) if x.is_floating_point() else x.detach().clone()
+    if isinstance(x, list):
+        return [_upcast(v) for v in x]
+    if isinstance(x, tuple) and not hasattr(x, "_fields"):
+        return tuple(_upcast(v) for v in x)
+    if isinstance(x, dict):
+        return {k: _upcast(v) for k, v in x.items()}
+    return x
+
+
+def _cast_like(ref, like):
+    """`ref` (float64 results) cast leaf by leaf to the dtypes of `like` (the CPU results)."""
+    if isinstance(ref, torch.Tensor) and isinstance(like, torch.Tensor):
+        return ref.to(like.dtype) if ref.shape == like.shape else ref
+    if isinstance(ref, (list, tuple)) and isinstance(like, (list, tuple)) and len(ref) == len(like):
+        return [_cast_like(r, v) for r, v in zip(ref, like, strict=True)]
+    if isinstance(ref, float) and isinstance(like, float):
+        return ref
+    return ref
 
 
 def _tensors(x) -> list[torch.Tensor]:
@@ -175,11 +248,11 @@ def _tol(dtype: torch.dtype) -> tuple[float, float]:
     return TOL.get(dtype, (0.0, 0.0))
 
 
-def _compare(actual, expected, path: str, random: bool, sample_dtype: torch.dtype) -> None:
+def _compare(actual, expected, path: str, random: bool, sample_dtype: torch.dtype, check_device=True) -> None:
     if isinstance(expected, torch.Tensor):
         if not isinstance(actual, torch.Tensor):
             raise Mismatch(f"{path}: expected a Tensor, got {type(actual).__name__}")
-        if expected.device.type == "cpu" and actual.device.type != DEV:
+        if check_device and expected.device.type == "cpu" and actual.device.type != DEV:
             raise Mismatch(f"{path}: result on {actual.device}, expected {DEV}")
         with torch.no_grad():
             a = actual.detach().to("cpu")
@@ -199,13 +272,13 @@ def _compare(actual, expected, path: str, random: bool, sample_dtype: torch.dtyp
         if not isinstance(actual, (list, tuple)) or len(actual) != len(expected):
             raise Mismatch(f"{path}: expected a sequence of {len(expected)}, got {type(actual).__name__}")
         for i, (a, e) in enumerate(zip(actual, expected, strict=True)):
-            _compare(a, e, f"{path}[{i}]", random, sample_dtype)
+            _compare(a, e, f"{path}[{i}]", random, sample_dtype, check_device)
         return
     if isinstance(expected, dict):
         if not isinstance(actual, dict) or actual.keys() != expected.keys():
             raise Mismatch(f"{path}: dict keys differ")
         for k in expected:
-            _compare(actual[k], expected[k], f"{path}[{k!r}]", random, sample_dtype)
+            _compare(actual[k], expected[k], f"{path}[{k!r}]", random, sample_dtype, check_device)
         return
     if random:
         return
@@ -237,7 +310,13 @@ def _run_sample(op, sample, rec: dict, random: bool, dtype: torch.dtype) -> None
 
 
 def _run_sample_inner(op, sample, rec: dict, random: bool, dtype: torch.dtype) -> None:
-    tpu_input, tpu_args, tpu_kwargs = _to_tpu(sample.input), _to_tpu(sample.args), _to_tpu(sample.kwargs)
+    key = _key(op)
+    random = random or _sample_is_random(key, sample)
+    tpu_input, tpu_args, tpu_kwargs = _tpu_sample(key, sample)
+    # Pristine float64 copy for the higher-precision check (the CPU run may mutate `sample`).
+    hp = (_upcast(sample.input), _upcast(sample.args), _upcast(sample.kwargs)) \
+        if dtype in HP_DTYPES and not random else None
+    pristine_input = _upcast(sample.input) if key in TIE_INDEX_OPS else None
     try:
         expected = op(sample.input, *sample.args, **sample.kwargs)
     except Exception:
@@ -260,18 +339,76 @@ def _run_sample_inner(op, sample, rec: dict, random: bool, dtype: torch.dtype) -
     if error is not None:
         rec["failures"].append(f"{desc}: tpu raised {_short(error)}")
         return
-    try:
-        proc = sample.output_process_fn_grad
-        _compare(proc(actual), proc(expected), "out", random, dtype)
+    proc = sample.output_process_fn_grad
+    cpu_in = _tensors((sample.input, sample.args, sample.kwargs))
+    tpu_in = _tensors((tpu_input, tpu_args, tpu_kwargs))
+
+    def check(exp_out, exp_in) -> None:
+        _compare(proc(actual), exp_out, "out", random, dtype)
         if not random:  # inputs the op mutated must match too
-            cpu_in = _tensors((sample.input, sample.args, sample.kwargs))
-            tpu_in = _tensors((tpu_input, tpu_args, tpu_kwargs))
-            _compare(tpu_in, cpu_in, "input-after-op", random, dtype)
+            _compare(tpu_in, exp_in, "input-after-op", random, dtype, check_device=False)
+
+    try:
+        check(proc(expected), cpu_in)
     except Exception as err:
-        rec["failures"].append(f"{desc}: {_short(err)}")
-        return
+        if not (_ties_ok(key, sample, pristine_input, actual, expected, dtype)
+                or _matches_higher_precision(op, hp, proc, expected, cpu_in, check)):
+            rec["failures"].append(f"{desc}: {_short(err)}")
+            return
+        rec["passed_by_tie_or_f64_ref"] += 1
     rec["passed"] += 1
     rec["passed_lowered"] += lowered
+
+
+def _matches_higher_precision(op, hp, proc, expected, cpu_in, check) -> bool:
+    """True when the tpu result matches the op computed in float64 (cast to the result dtypes)
+    within the dtype's tolerance: tpu is right and the CPU's low-precision reference is not."""
+    if hp is None:
+        return False
+    hp_input, hp_args, hp_kwargs = hp
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            ref = op(hp_input, *hp_args, **hp_kwargs)
+        ref_out = _cast_like(proc(ref), proc(expected))
+        ref_in = _cast_like(_tensors((hp_input, hp_args, hp_kwargs)), cpu_in)
+        check(ref_out, ref_in)
+    except Exception:
+        return False
+    return True
+
+
+# Ops that return indices of equal values in an order PyTorch leaves unspecified
+# (sort/argsort with stable=False, topk): index ties are accepted when the indices are a valid
+# choice, i.e. distinct and gathering the input at them gives the CPU's values.
+TIE_INDEX_OPS = {"sort": 0, "argsort": 0, "topk": 1}  # positional index of `dim` in sample.args
+
+
+def _ties_ok(key, sample, x, actual, expected, dtype) -> bool:
+    if key not in TIE_INDEX_OPS or x is None or sample.kwargs.get("stable"):
+        return False
+    try:
+        i = TIE_INDEX_OPS[key]
+        dim = sample.kwargs.get("dim", sample.args[i] if len(sample.args) > i else -1)
+        if key == "argsort":
+            exp_idx, act_idx = expected, actual.cpu()
+        else:
+            _compare(actual[0], expected[0], "values", False, dtype)
+            exp_idx, act_idx = expected[1], actual[1].cpu()
+        if x.dim() == 0:
+            return bool((act_idx == exp_idx).all())
+        if act_idx.shape != exp_idx.shape or act_idx.dtype != exp_idx.dtype:
+            return False
+        srt = act_idx.sort(dim=dim).values
+        if srt.shape[dim] > 1 and not bool((srt.diff(dim=dim) > 0).all()):
+            return False  # repeated index
+        if bool((act_idx < 0).any()) or bool((act_idx >= x.shape[dim]).any()):
+            return False
+        torch.testing.assert_close(x.gather(dim, act_idx), x.gather(dim, exp_idx), rtol=0, atol=0,
+                                   equal_nan=True)
+    except Exception:
+        return False
+    return True
 
 
 def _describe(sample) -> str:
@@ -336,12 +473,14 @@ def _summary() -> dict:
             continue
         s = per_dtype.setdefault(ds, {"ops_swept": 0, "ops_ge98_pass_lowered": 0, "ops_all_passing": 0,
                                       "ops_fully_lowered": 0, "samples": 0, "samples_passed": 0,
-                                      "samples_lowered": 0, "samples_passed_lowered": 0})
+                                      "samples_lowered": 0, "samples_passed_lowered": 0,
+                                      "samples_passed_via_tie_or_f64_ref": 0})
         s["ops_swept"] += 1
         s["samples"] += rec["run"]
         s["samples_passed"] += rec["passed"]
         s["samples_lowered"] += rec["lowered"]
         s["samples_passed_lowered"] += rec["passed_lowered"]
+        s["samples_passed_via_tie_or_f64_ref"] += rec["passed_by_tie_or_f64_ref"]
         s["ops_ge98_pass_lowered"] += rec["passed_lowered"] >= PASS_AND_LOWERED_THRESHOLD * rec["run"]
         s["ops_all_passing"] += rec["passed"] == rec["run"]
         s["ops_fully_lowered"] += rec["lowered"] == rec["run"]
@@ -359,7 +498,7 @@ def _summary() -> dict:
             (skipped_failing if skip else failing)[f"{key}/{ds}"] = msg[:400]
         elif skip and (key, ds) in SKIPS:
             stale.append(f"{key}/{ds}")
-    for key, ops in fell_back.items():
+    for ops in fell_back.values():
         ops.sort()
     return {
         "mode": "full" if FULL else "default",

@@ -283,6 +283,23 @@ bool run_lowered(const c10::OperatorHandle& op, const lowering::OpEntry& entry,
     }
   }
 
+  // Arguments mutated but not returned (batch norm's running stats) become extra outputs after
+  // the returns. native_batch_norm's legacy schema mutates them without saying so.
+  bool legacy_bn = base == "native_batch_norm";
+  for (size_t j = 0; j < n; ++j) {
+    if (!args[j].isTensor() || !args[j].toTensor().defined()) continue;
+    bool write = sargs[j].alias_info() && sargs[j].alias_info()->isWrite();
+    if (write) {
+      for (const auto& r : rets)
+        if (r.alias_info() && r.alias_info()->beforeSets() == sargs[j].alias_info()->beforeSets()) write = false;
+    }
+    if (legacy_bn && (sargs[j].name() == "running_mean" || sargs[j].name() == "running_var")) {
+      for (size_t k = 0; k < n; ++k)
+        if (sargs[k].name() == "training") write = args[k].toBool();
+    }
+    if (write) outs.push_back(args[j].toTensor());
+  }
+
   // 3. PyTorch's result type over tensor and scalar arguments (the computation dtype).
   at::native::ResultTypeState rts{};
   bool any = false;
