@@ -5,7 +5,8 @@ PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 STAMP := $(VENV)/.deps-installed-v1
 # ccache's compiler wrappers (Debian: /usr/lib/ccache) make rebuilds after a checkout cheap.
-export PATH := $(if $(wildcard /usr/lib/ccache/g++),/usr/lib/ccache:,)$(PATH)
+# The venv's bin (pip's ninja) is on PATH too, for machines without Debian's ninja-build.
+export PATH := $(if $(wildcard /usr/lib/ccache/g++),/usr/lib/ccache:,)$(CURDIR)/$(VENV)/bin:$(PATH)
 export CXX := g++
 export CC := gcc
 export MAX_JOBS ?= 2

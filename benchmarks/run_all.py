@@ -22,6 +22,7 @@ BENCHMARKS = {
     "gemm": "bench_gemm",
     "minilm": "bench_minilm",
     "compile": "bench_compile",
+    "fused": "bench_fused",
     "cold_warm": "bench_cold_warm",
 }
 

@@ -5,7 +5,19 @@ For each OpInfo and each swept dtype the op supports on CPU, every sample from
 any inputs the op mutated) are compared with `torch.testing.assert_close` (equal_nan=True) and
 must live on tpu. Per (op, dtype) we record samples run / passed / lowered (a sample is
 "lowered" when no ATen op of it ran on the CPU fallback). Samples whose CPU reference raises are
-not counted. Random ops compare only shape/dtype/device.
+not counted. Random ops (and samples with dropout) compare only shape/dtype/device.
+
+Details of the comparison:
+  - tolerances by result dtype: float32/float64 assert_close defaults, bf16/f16 rtol=atol=2e-2,
+    integers and bool exact; `sample.output_process_fn_grad` is applied to both results (it
+    removes e.g. the sign ambiguity of singular vectors);
+  - a float sample that mismatches still passes when the tpu result matches the op computed in
+    float64 on CPU (cast to the result dtype) within the same tolerance: tpu is right and the
+    low-precision CPU reference is not (e.g. addbmm accumulating in bf16);
+  - sort/argsort (stable=False) and topk may order the indices of equal values differently:
+    distinct indices that gather the CPU's values pass;
+  - views in a sample stay views on tpu (their base moves once, the view is rebuilt with the
+    same sizes/strides/offset), so storage-dependent ops (as_strided) and aliasing are tested.
 
 The test for an op fails when any (op, dtype) not listed in tests/opinfo_skips.py has a sample
 that mismatches or raises on tpu.

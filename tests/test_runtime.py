@@ -188,13 +188,13 @@ def test_elementwise_programs_are_keyed_by_element_count() -> None:
 
 def test_explain_names_the_input_that_forced_a_recompile(capsys: pytest.CaptureFixture[str]) -> None:
     torch_tpu.reset_cache_stats()
-    w = torch.randn(8, 3, device="tpu")
-    for n in (4, 4, 6):
-        (torch.ones(n, 8, device="tpu") @ w).cpu()
+    w = torch.randn(17, 3, device="tpu")
+    for n in (13, 13, 19):  # shapes no other test uses
+        (torch.ones(n, 17, device="tpu") @ w).cpu()
     e = torch_tpu.explain()
     printed = capsys.readouterr().out
-    mm = [r for r in e.compiles if r.op == "aten::mm" and "-> f32[6, 8]" in r.reason]
-    assert len(mm) == 1 and "new shape for 'self': f32[4, 8] -> f32[6, 8]" in mm[0].reason
+    mm = [r for r in e.compiles if r.op == "aten::mm" and "-> f32[19, 17]" in r.reason]
+    assert len(mm) == 1 and "new shape for 'self': f32[13, 17] -> f32[19, 17]" in mm[0].reason
     assert "aten::mm" in printed and "CPU fallbacks" in printed
     assert e.cache["op_hits"] >= 1
     assert any(r in e.recompiles for r in mm)

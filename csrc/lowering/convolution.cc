@@ -12,7 +12,8 @@
 //  - grad_weight of a conv: conv of the input (batch and feature roles swapped) with
 //    grad_output as the window (rhs_dilation = stride, window_strides = dilation), groups via
 //    batch_group_count; for a transposed conv the same with input and grad_output swapped.
-// float16/bfloat16 compute in float32 (the runtime converts the result); float64 stays float64.
+// float16/bfloat16 compute in float32 (the runtime converts the result); float64 stays float64;
+// integer convolutions accumulate in their own type (wrapping, like the CPU kernels).
 // Negative paddings (padding > dilation*(k-1), or unused trailing input) are applied with an
 // explicit stablehlo.pad (which accepts negative edges) before a zero-padded convolution.
 #include <string>
@@ -96,8 +97,8 @@ Value conv_general(Builder& b, Value lhs, Value rhs, const Labels& ld, const Lab
 
 // Computation element type for a convolution whose tensors have element type `t`.
 ElemType conv_type(ElemType t) {
-  if (!shlo::is_float(t)) throw Unsupported("convolution on non-floating-point tensors");
-  return opmath(t);
+  if (t == ElemType::Pred) throw Unsupported("convolution on bool tensors");
+  return opmath(t);  // integers: in their own type, wrapping like PyTorch's CPU kernels
 }
 
 struct Params {
@@ -194,10 +195,8 @@ Value conv_weight_grad(Builder& b, Value x, Value dy, const Params& p, const Sha
   }
   // lhs: x with N as the feature dim and C as the batch dim; rhs: dy with N as the input
   // feature and Cout as the output feature; result [Cout (f), Cin/G (b), k...].
-  Value r = conv_general(b, x, dy, std_labels("f", "b", n), std_labels("i", "o", n),
-                         std_labels("f", "b", n), win, 1, p.groups);
-  // Empty outputs (out == 0) produce a 0 window; make sure the shape is right.
-  return r;
+  return conv_general(b, x, dy, std_labels("f", "b", n), std_labels("i", "o", n),
+                      std_labels("f", "b", n), win, 1, p.groups);
 }
 
 // Brings v [N, C, s...] to spatial sizes `target` (cropping or zero padding at the end).
@@ -216,9 +215,7 @@ Value bias_grad(Builder& b, Value dy) {
   return b.reduce(dy, b.zeros(Type{dy.elem(), {}}), dims, "add");
 }
 
-}  // namespace
-
-TPU_LOWER(convolution_overrideable) {
+std::vector<Value> lower_conv(Builder& b, const OpCall& c) {
   const Type& o = out_type(c);
   Value x = c.tensor("input");
   Value w = c.tensor("weight");
@@ -237,7 +234,7 @@ TPU_LOWER(convolution_overrideable) {
   return {y};
 }
 
-TPU_LOWER(convolution_backward_overrideable) {
+std::vector<Value> lower_conv_backward(Builder& b, const OpCall& c) {
   Value dy = c.tensor("grad_output");
   Value x = c.tensor("input");
   Value w = c.tensor("weight");
@@ -270,5 +267,16 @@ TPU_LOWER(convolution_backward_overrideable) {
   res.push_back(mask[2] ? bias_grad(b, dy) : b.zeros(Type{t, {}}));
   return res;
 }
+
+}  // namespace
+
+// Eager: what conv*d / conv_transpose*d dispatch to on PrivateUse1 (meta kernels in
+// csrc/aten/convolution_meta.cc).
+TPU_LOWER(convolution_overrideable) { return lower_conv(b, c); }
+TPU_LOWER(convolution_backward_overrideable) { return lower_conv_backward(b, c); }
+// Whole graphs (torch.compile) carry aten.convolution / aten.convolution_backward, with the
+// same argument names (convolution_backward also has bias_sizes, which we do not need).
+TPU_LOWER_GRAPH(convolution) { return lower_conv(b, c); }
+TPU_LOWER_GRAPH(convolution_backward) { return lower_conv_backward(b, c); }
 
 }  // namespace tpu::lowering
