@@ -28,18 +28,23 @@ def run() -> dict[str, Any]:
     compiled = torch.compile(block, backend="tpu")
     errors: dict[str, str] = {}
 
-    def strict() -> None:
-        block(*tpu_args)
+    # Each variant keeps its result alive through the sync: fused eager drops work whose result
+    # nobody can observe, so a discarded result would time nothing.
+    def strict() -> torch.Tensor:
+        y = block(*tpu_args)
         sync()
+        return y
 
-    def fused() -> None:
+    def fused() -> torch.Tensor:
         with set_eager_mode(EagerMode.DEFER_AND_FUSE):
-            block(*tpu_args)
+            y = block(*tpu_args)
             sync()
+        return y
 
-    def comp() -> None:
-        compiled(*tpu_args)
+    def comp() -> torch.Tensor:
+        y = compiled(*tpu_args)
         sync()
+        return y
 
     fns = {"tpu_strict": strict, "tpu_fused": fused, "tpu_compiled": comp, "cpu_eager": lambda: block(*cpu_args)}
     try:
