@@ -460,3 +460,85 @@ TPU_LOWER(mse_loss_backward) {
 }
 
 }  // namespace tpu::lowering
+
+namespace tpu::lowering {
+
+// ------------------------------------------------------------------ huber / smooth_l1
+namespace {
+
+// d = self - target broadcast; the loss per element, then PyTorch's reduction (0 none, 1 mean, 2 sum).
+std::vector<Value> robust_loss(Builder& b, const OpCall& c, bool huber) {
+  const Type& o = out_type(c);
+  ElemType t = opmath(c.common);
+  Shape s = bcast_shape(c.tensor("self").shape(), c.tensor("target").shape());
+  Value d = b.sub(operand(b, c.arg("self"), t, s), operand(b, c.arg("target"), t, s));
+  Value ad = b.abs(d);
+  double p = huber ? c.double_("delta", 1.0) : c.double_("beta", 1.0);
+  Value half_sq = b.mul(cf(b, 0.5, t, s), b.mul(d, d));
+  Value l;
+  if (huber) {
+    l = b.select(b.compare(Cmp::LT, ad, cf(b, p, t, s)), half_sq,
+                 b.mul(cf(b, p, t, s), b.sub(ad, cf(b, 0.5 * p, t, s))));
+  } else if (p == 0) {
+    l = ad;
+  } else {
+    l = b.select(b.compare(Cmp::LT, ad, cf(b, p, t, s)), b.div(half_sq, cf(b, p, t, s)),
+                 b.sub(ad, cf(b, 0.5 * p, t, s)));
+  }
+  int64_t red = c.int_("reduction", 1);
+  if (red == 0) return {l};
+  Value r = sum_drop(b, l, all_dims(static_cast<int64_t>(s.size())));
+  int64_t n = 1;
+  for (int64_t v : s) n *= v;
+  if (red == 1) r = b.div(r, b.constant_f(static_cast<double>(n), t));
+  return {fit(b, r, o)};
+}
+
+std::vector<Value> robust_loss_backward(Builder& b, const OpCall& c, bool huber) {
+  const Type& o = out_type(c);
+  ElemType t = opmath(o.elem);
+  const Shape& s = o.shape;
+  Value d = b.sub(operand(b, c.arg("self"), t, s), operand(b, c.arg("target"), t, s));
+  Value ad = b.abs(d);
+  Value sign = b.unary("sign", d);
+  double p = huber ? c.double_("delta", 1.0) : c.double_("beta", 1.0);
+  int64_t red = c.int_("reduction");
+  double norm = red == 1 ? 1.0 / static_cast<double>(c.tensor("self").type.numel()) : 1.0;
+  Value g;
+  if (huber) {
+    g = b.select(b.compare(Cmp::LE, ad, cf(b, p, t, s)), d, b.mul(cf(b, p, t, s), sign));
+  } else if (p == 0) {
+    g = sign;
+  } else {
+    g = b.select(b.compare(Cmp::LT, ad, cf(b, p, t, s)), b.div(d, cf(b, p, t, s)), sign);
+  }
+  Value go = operand(b, c.arg("grad_output"), t, s);
+  return {b.mul(b.mul(g, cf(b, norm, t, s)), go)};
+}
+
+}  // namespace
+
+TPU_LOWER(huber_loss) { return robust_loss(b, c, true); }
+TPU_LOWER(smooth_l1_loss) { return robust_loss(b, c, false); }
+TPU_LOWER(huber_loss_backward) { return robust_loss_backward(b, c, true); }
+TPU_LOWER(smooth_l1_loss_backward) { return robust_loss_backward(b, c, false); }
+
+// ------------------------------------------------------------------ nansum, dropout backward
+TPU_LOWER(nansum) {
+  const Type& o = out_type(c);
+  ElemType t = opmath(o.elem);
+  Value x = b.convert(c.tensor("self"), t);
+  if (shlo::is_float(t)) x = b.select(b.compare(Cmp::NE, x, x), b.zeros(x.type), x);
+  Value r = b.reduce(x, b.zeros(Type{t, {}}), reduce_dims(c, "dim", x.rank()), "add");
+  return {b.reshape(r, o.shape)};
+}
+
+TPU_LOWER_ELEMENTWISE(native_dropout_backward) {
+  const Type& o = out_type(c);
+  ElemType t = opmath(o.elem);
+  Value g = operand(b, c.arg("grad_output"), t, o.shape);
+  Value m = operand(b, c.arg("mask"), t, o.shape);
+  return {b.mul(b.mul(g, m), b.constant_f(c.double_("scale"), t, o.shape))};
+}
+
+}  // namespace tpu::lowering
