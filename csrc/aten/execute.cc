@@ -479,8 +479,8 @@ void fused_record(const Plan& plan, const std::vector<ArgPlan>& aps, const std::
   for (size_t i = 0; i < plan.slots.size(); ++i) {
     const Slot& s = plan.slots[i];
     if (!s.written) continue;
-    if (!p.cur.count(s.st) || std::find(p.written.begin(), p.written.end(), s.st) == p.written.end())
-      p.written.push_back(s.st);
+    // A storage address can come back (freed, then reallocated): list each address once.
+    if (std::find(p.written.begin(), p.written.end(), s.st) == p.written.end()) p.written.push_back(s.st);
     p.cur[s.st] = cur[i];
   }
   dispatch_stats().ops++;
@@ -520,7 +520,8 @@ void run_lowering(const std::string& name, const std::string& overload,
                   const lowering::OpEntry& entry, const std::vector<NamedArg>& args,
                   const std::vector<at::Tensor>& outs, c10::ScalarType common) {
   // Flatten pointwise ops over contiguous same-shaped operands: one program per element count.
-  bool flatten = entry.elementwise;
+  // Fused programs keep logical shapes: XLA fuses better without 1-D reshapes between ops.
+  bool flatten = entry.elementwise && runtime::Context::get().mode() != runtime::EagerMode::DeferAndFuse;
   if (flatten) {
     c10::IntArrayRef shape;
     bool have = false;

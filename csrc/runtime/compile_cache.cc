@@ -105,6 +105,12 @@ pjrt::ExecutablePtr CompileCache::get_or_compile(const std::string& mlir, const 
       }
     }
   }
+  if (const char* dump = std::getenv("TORCH_TPU_DUMP_DIR"); dump && *dump) {
+    // Debugging aid: every program the runtime asks for, as StableHLO text.
+    std::error_code ec;
+    fs::create_directories(dump, ec);
+    std::ofstream(fs::path(dump) / (key + ".mlir")) << "// " << what << "\n" << mlir;
+  }
   if (!exe) {
     t0 = std::chrono::steady_clock::now();
     try {
