@@ -203,3 +203,29 @@ class _no_eager_fallback_warning:  # noqa: N801 - used as a context manager
         self._cm.__exit__(*exc)
         bad = [str(w.message) for w in self._log if "runs op by op" in str(w.message)]
         assert not bad, bad
+
+
+def test_compiled_adamw_step_mutates_params_and_state() -> None:
+    torch.manual_seed(0)
+    m = torch.nn.Linear(6, 4)
+    mt = copy.deepcopy(m).to("tpu")
+    opt = torch.optim.AdamW(m.parameters(), lr=1e-2)
+    opt_t = torch.optim.AdamW(mt.parameters(), lr=1e-2)
+    for p, pt in zip(m.parameters(), mt.parameters(), strict=True):
+        p.grad = torch.randn_like(p)
+        pt.grad = p.grad.to("tpu")
+
+    @torch.compile(backend="tpu")
+    def step() -> None:
+        opt_t.step()
+
+    with _no_eager_fallback_warning():
+        for _ in range(3):
+            opt.step()
+            step()
+    for p, pt in zip(m.parameters(), mt.parameters(), strict=True):
+        torch.testing.assert_close(pt.detach().cpu(), p.detach(), atol=1e-6, rtol=1e-5)
+    s, st = opt.state_dict()["state"][0], opt_t.state_dict()["state"][0]
+    torch.testing.assert_close(st["exp_avg"].cpu(), s["exp_avg"])
+    torch.testing.assert_close(st["exp_avg_sq"].cpu(), s["exp_avg_sq"])
+    assert float(st["step"]) == float(s["step"]) == 3.0

@@ -257,22 +257,27 @@ std::vector<at::Tensor> run_graph(int64_t id, at::TensorList inputs) {
   for (size_t k = 0; k < d.mutations.size(); ++k) {
     const at::Tensor& t = inputs[d.mutations[k].first];
     const pjrt::BufferPtr& buf = results[d.outputs.size() + k];
-    runtime::StorageState& s = state_of(t);
     ElemType e = elem_of(t.scalar_type());
-    bool whole = t.is_contiguous() && t.storage_offset() == 0 &&
-                 static_cast<size_t>(t.numel()) * t.itemsize() == s.nbytes;
-    if (whole) {
-      std::lock_guard<std::mutex> lock(s.mu);
-      s.buffer = buf;
-      s.elem = e;
-    } else {
-      at::Tensor tmp = at::empty(t.sizes(), t.options().memory_format(c10::MemoryFormat::Contiguous));
-      runtime::StorageState& ts = state_of(tmp);
-      ts.buffer = buf;
-      ts.elem = e;
-      copy_into(t, tmp);
-      fused_flush();
+    bool on_tpu = t.device().type() == kTpu;
+    if (on_tpu) {
+      runtime::StorageState& s = state_of(t);
+      bool whole = t.is_contiguous() && t.storage_offset() == 0 &&
+                   static_cast<size_t>(t.numel()) * t.itemsize() == s.nbytes;
+      if (whole) {
+        std::lock_guard<std::mutex> lock(s.mu);
+        s.buffer = buf;
+        s.elem = e;
+        continue;
+      }
     }
+    // A strided view, or a CPU scalar input (an optimizer's step count): write through copy_.
+    at::Tensor tmp = at::empty(t.sizes(), t.options().device(c10::Device(kTpu, device))
+                                              .memory_format(c10::MemoryFormat::Contiguous));
+    runtime::StorageState& ts = state_of(tmp);
+    ts.buffer = buf;
+    ts.elem = e;
+    copy_into(t, tmp);
+    fused_flush();
   }
   dispatch_stats().ops++;
   return outs;

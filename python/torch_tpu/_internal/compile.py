@@ -305,14 +305,12 @@ def install_default_backend_routing() -> None:
     if getattr(original, "_torch_tpu_routing", False):
         return
 
-    def compile(model: Any = None, *, fullgraph: bool = False, dynamic: bool | None = None,  # noqa: A001
-                backend: Any = "inductor", mode: str | None = None, options: dict[str, Any] | None = None,
-                disable: bool = False) -> Any:
+    def compile(model: Any = None, *, backend: Any = "inductor", mode: str | None = None,  # noqa: A001
+                options: dict[str, Any] | None = None, dynamic: bool | None = None, **kwargs: Any) -> Any:
         if isinstance(backend, str) and backend == "inductor":
             backend = _DefaultBackend(mode, options, dynamic)
             mode = options = None
-        return original(model, fullgraph=fullgraph, dynamic=dynamic, backend=backend, mode=mode,
-                        options=options, disable=disable)
+        return original(model, backend=backend, mode=mode, options=options, dynamic=dynamic, **kwargs)
 
     compile.__doc__ = original.__doc__
     compile.__wrapped__ = original  # type: ignore[attr-defined]
