@@ -229,3 +229,17 @@ def test_compiled_adamw_step_mutates_params_and_state() -> None:
     torch.testing.assert_close(st["exp_avg"].cpu(), s["exp_avg"])
     torch.testing.assert_close(st["exp_avg_sq"].cpu(), s["exp_avg_sq"])
     assert float(st["step"]) == float(s["step"]) == 3.0
+
+
+def test_dynamo_device_interface_is_ours() -> None:
+    from torch._dynamo.device_interface import get_interface_for_device
+
+    TpuBackend()
+    iface = get_interface_for_device("tpu")
+    assert iface.is_available() and iface.device_count() >= 1
+    assert iface.is_dtype_supported(torch.float16) and iface.is_dtype_supported(torch.bfloat16)
+    m = torch.nn.Linear(4, 4).to("tpu").half()
+    x = torch.randn(2, 4, device="tpu").half()
+    out = torch.compile(m, backend="tpu")(x)
+    assert out.dtype == torch.float16
+    torch.testing.assert_close(out.cpu().float(), m.cpu().float()(x.cpu().float()), atol=2e-2, rtol=2e-2)

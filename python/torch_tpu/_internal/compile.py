@@ -242,10 +242,46 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Ca
     return run
 
 
+_SUPPORTED_DTYPES = frozenset(_DTYPE_INDEX)
+
+
+def register_device_interface() -> None:
+    """Replaces Dynamo's built-in "tpu" device interface (which marks float16/float64 unsupported
+    and knows nothing of torch.tpu) with one backed by torch.tpu. Dynamo re-registers its own on
+    first use, so this runs after forcing that initialisation."""
+    from torch._dynamo import device_interface as di
+
+    di.get_interface_for_device("cpu")  # Dynamo's registrations first
+
+    class TpuDeviceInterface(di.TpuInterface):
+        @staticmethod
+        def is_available() -> bool:
+            return torch.tpu.is_available()  # type: ignore[attr-defined]
+
+        @staticmethod
+        def current_device() -> int:
+            return torch.tpu.current_device()  # type: ignore[attr-defined]
+
+        @staticmethod
+        def device_count() -> int:
+            return torch.tpu.device_count()  # type: ignore[attr-defined]
+
+        @staticmethod
+        def synchronize(device: Any = None) -> None:
+            torch.tpu.synchronize()  # type: ignore[attr-defined]
+
+        @classmethod
+        def is_dtype_supported(cls, dtype: torch.dtype, including_emulation: bool = False) -> bool:
+            return dtype in _SUPPORTED_DTYPES
+
+    di.register_interface_for_device("tpu", TpuDeviceInterface)
+
+
 class TpuBackend:
     """The Dynamo backend `"tpu"` (also usable as `torch.compile(m, backend=TpuBackend())`)."""
 
     def __init__(self) -> None:
+        register_device_interface()
         from torch._decomp import core_aten_decompositions
         from torch._dynamo.backends.common import aot_autograd
 
@@ -285,6 +321,7 @@ class _DefaultBackend:
     default working without JAX and with the same programs as backend="tpu"."""
 
     def __init__(self, mode: str | None, options: dict[str, Any] | None, dynamic: bool | None) -> None:
+        register_device_interface()
         self._inductor = torch._TorchCompileInductorWrapper(mode, options, dynamic)
 
     def __call__(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any], **kwargs: Any) -> Callable:
