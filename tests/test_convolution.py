@@ -325,6 +325,11 @@ def test_compile_whole_graph():
     import copy
     import warnings
 
+    import torch._dynamo
+
+    # Earlier tests compiled the same nn.Module code with other shapes; start from a clean Dynamo
+    # so this graph is traced with static shapes (a symbolic graph would run op by op).
+    torch._dynamo.reset()
     torch.manual_seed(0)
     m = nn.Sequential(
         nn.Conv2d(3, 8, 3, padding=1),
