@@ -243,3 +243,15 @@ def test_dynamo_device_interface_is_ours() -> None:
     out = torch.compile(m, backend="tpu")(x)
     assert out.dtype == torch.float16
     torch.testing.assert_close(out.cpu().float(), m.cpu().float()(x.cpu().float()), atol=2e-2, rtol=2e-2)
+
+
+def test_automatic_dynamic_shapes_specialize_per_shape() -> None:
+    # Dynamo makes the batch dim symbolic on the second shape; the backend compiles each concrete
+    # shape (guards make Dynamo come back for new ones) instead of running op by op.
+    m = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(4 * 3 * 3, 2))
+    mt = copy.deepcopy(m).to("tpu")
+    cm = torch.compile(mt, backend="tpu")
+    with _no_eager_fallback_warning():
+        for n in (2, 3, 5):
+            x = torch.randn(n, 4, 3, 3)
+            torch.testing.assert_close(cm(x.to("tpu")).cpu(), m(x), atol=1e-5, rtol=1e-5)

@@ -78,6 +78,7 @@ class _Describer:
         self.next_id = 0
         self.placeholders: list[torch.fx.Node] = []
         self.constants: list[torch.Tensor] = []
+        self.sym: dict[torch.fx.Node, Any] = {}  # size arithmetic, specialized to its value
 
     def new_id(self) -> int:
         self.next_id += 1
@@ -88,8 +89,20 @@ class _Describer:
             raise Unsupported(f"argument {v!r} is not a tensor value")
         return self.ids[v]
 
+    def _concrete(self, v: Any) -> Any:
+        """Replaces size-arithmetic nodes (and SymInts) by their values: the program is compiled
+        for these concrete shapes (Dynamo guards on them, so a new shape compiles a new program)."""
+        if isinstance(v, torch.fx.Node) and v in self.sym:
+            return self.sym[v]
+        if isinstance(v, (list, tuple)):
+            return type(v)(self._concrete(e) for e in v)
+        if isinstance(v, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+            return {torch.SymInt: int, torch.SymFloat: float, torch.SymBool: bool}[type(v)](v)
+        return v
+
     def arg(self, schema_arg: torch._C.Argument, v: Any) -> tuple:
         name = schema_arg.name
+        v = self._concrete(v)
         number = _is_number_type(schema_arg)
         if isinstance(v, torch.fx.Node):
             return (name, K_SCALARREF if number else K_REF, 0, 0.0, "", [self.ref(v)])
@@ -127,6 +140,7 @@ class _Describer:
                     inputs.append((_dtype(torch.float64), []))
                 elif isinstance(v, (bool, int, torch.SymInt, torch.SymBool)):
                     inputs.append((_dtype(torch.int64), []))
+                    self.sym[n] = self._concrete(v)  # sizes: specialized (floats stay operands)
                 else:
                     raise Unsupported(f"graph input of type {type(v).__name__}")
                 self.ids[n] = self.new_id()
@@ -143,8 +157,12 @@ class _Describer:
         for n in self.gm.graph.nodes:
             if n.op != "call_function":
                 continue
-            if n.target is operator.getitem:
+            if n.target is operator.getitem and n.args[0] not in self.sym:
                 self.ids[n] = self.ids[n.args[0]][n.args[1]]
+                continue
+            val = n.meta.get("val")
+            if isinstance(val, (int, float, bool, torch.SymInt, torch.SymFloat, torch.SymBool)):
+                self.sym[n] = self._concrete(val)  # sym_size, operator.mul on sizes, ...
                 continue
             op = n.target
             if not isinstance(op, torch._ops.OpOverload):
