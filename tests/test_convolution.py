@@ -351,3 +351,19 @@ def test_compile_whole_graph():
     _close(out, ref)
     for p, q in zip(md.parameters(), m.parameters(), strict=True):
         _close(p.grad, q.grad)
+
+
+@pytest.mark.parametrize("kw", [dict(kernel_size=2), dict(kernel_size=3, stride=2, padding=1),
+                                dict(kernel_size=3, stride=2, ceil_mode=True),
+                                dict(kernel_size=(2, 3), stride=(1, 2), dilation=(2, 1))])
+def test_max_pool2d_values_indices_and_grad(kw):
+    torch.manual_seed(0)
+    x = torch.randn(2, 3, 7, 9, requires_grad=True)
+    xt = x.detach().to("tpu").requires_grad_()
+    y, i = F.max_pool2d(x, return_indices=True, **kw)
+    yt, it = F.max_pool2d(xt, return_indices=True, **kw)
+    g = torch.randn_like(y)
+    y.backward(g)
+    yt.backward(g.to("tpu"))
+    assert torch.equal(yt.detach().cpu(), y.detach()) and torch.equal(it.cpu(), i)
+    torch.testing.assert_close(xt.grad.cpu(), x.grad)
