@@ -433,19 +433,21 @@ TPU_LOWER(nll_loss_backward) { return lower_nll_backward(b, c); }
 TPU_LOWER(nll_loss2d_backward) { return lower_nll_backward(b, c); }
 
 // ------------------------------------------------------------------ mse_loss
+// PyTorch's loss reduction: 0 none, 1 mean, 2 sum (over every element of the pointwise loss).
+Value reduce_loss(Builder& b, Value l, int64_t reduction, const Type& o) {
+  if (reduction == 0) return l;
+  Value r = sum_drop(b, l, all_dims(l.rank()));
+  if (reduction == 1) r = b.div(r, b.constant_f(static_cast<double>(l.type.numel()), l.elem()));
+  return fit(b, r, o);
+}
+
 TPU_LOWER(mse_loss) {
   const Type& o = out_type(c);
   ElemType t = opmath(c.common);
   Shape s = bcast_shape(c.tensor("self").shape(), c.tensor("target").shape());
   Value d = b.sub(operand(b, c.arg("self"), t, s), operand(b, c.arg("target"), t, s));
   Value sq = b.mul(d, d);
-  int64_t red = c.int_("reduction", 1);
-  if (red == 0) return {sq};
-  Value r = sum_drop(b, sq, all_dims(static_cast<int64_t>(s.size())));
-  int64_t n = 1;
-  for (int64_t v : s) n *= v;
-  if (red == 1) r = b.div(r, b.constant_f(static_cast<double>(n), t));
-  return {fit(b, r, o)};
+  return {reduce_loss(b, sq, c.int_("reduction", 1), o)};
 }
 
 TPU_LOWER(mse_loss_backward) {
@@ -485,13 +487,7 @@ std::vector<Value> robust_loss(Builder& b, const OpCall& c, bool huber) {
     l = b.select(b.compare(Cmp::LT, ad, cf(b, p, t, s)), b.div(half_sq, cf(b, p, t, s)),
                  b.sub(ad, cf(b, 0.5 * p, t, s)));
   }
-  int64_t red = c.int_("reduction", 1);
-  if (red == 0) return {l};
-  Value r = sum_drop(b, l, all_dims(static_cast<int64_t>(s.size())));
-  int64_t n = 1;
-  for (int64_t v : s) n *= v;
-  if (red == 1) r = b.div(r, b.constant_f(static_cast<double>(n), t));
-  return {fit(b, r, o)};
+  return {reduce_loss(b, l, c.int_("reduction", 1), o)};
 }
 
 std::vector<Value> robust_loss_backward(Builder& b, const OpCall& c, bool huber) {
