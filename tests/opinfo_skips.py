@@ -9,6 +9,9 @@ pass again show up as "stale_skips" in the summary: delete them then.
 Reasons starting with "numerical mismatch" / "wrong state" / "dtype mismatch" are tpu bugs to
 fix, not accepted behaviour. Every entry was observed in a run of tests/test_opinfo.py.
 
+GRAD_SKIPS / INPLACE_SKIPS: the same format for the gradient sweep (test_opinfo_grad) and the
+in-place variant checks; a forward SKIPS entry also covers those kinds of the same (op, dtype).
+
 HARD_SKIPS: OpInfo keys that are not run at all (they crash or hang the process). Keep empty
 unless a real crash was observed.
 """
@@ -60,5 +63,9 @@ SKIPS: dict[tuple[str, str], str] = {
         "return them) but float16 on CPU; the normalized output matches"
     ),
 }
+
+GRAD_SKIPS: dict[tuple[str, str], str] = {}
+
+INPLACE_SKIPS: dict[tuple[str, str], str] = {}
 
 HARD_SKIPS: dict[str, str] = {}

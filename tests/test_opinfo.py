@@ -22,16 +22,37 @@ Details of the comparison:
 The test for an op fails when any (op, dtype) not listed in tests/opinfo_skips.py has a sample
 that mismatches or raises on tpu.
 
+Three kinds of checks, each recorded per (op, dtype) and summarised separately:
+  forward: the op's values (above);
+  inplace: `op.inplace_variant` (e.g. Tensor.add_) on a clone of the sample's input: the result
+      and the mutated input must match (samples whose CPU in-place call raises, e.g. a
+      broadcasting input, are not counted);
+  grad (test_opinfo_grad): for OpInfos with supports_autograd, samples with requires_grad on the
+      float tensors run forward on CPU and on tpu (same values), then `torch.autograd.grad` of
+      every differentiable output with the same random grad_output (a fixed seeded tensor per
+      output; equivalent to backpropagating sum(out_i * w_i)); every input gradient is compared
+      with the CPU's (same dtype-aware tolerances and float64 re-check as forward). A sample is
+      "lowered" when no ATen op ran on the CPU fallback during the backward pass (forward
+      fallbacks are counted separately). Random ops are not swept.
+
 Modes:
   default (`make test`): at most 3 samples per (op, dtype); dtypes float32, bfloat16, int64
       (or the first other swept dtype when the op supports none of those); a global time budget
       (TORCH_TPU_OPINFO_BUDGET seconds, default 390) after which the remaining ops are skipped.
+      In-place checks: float32 only, the first 2 samples. Gradients: float32 only, at most
+      TORCH_TPU_OPINFO_GRAD_SAMPLES (2) samples per op, own budget TORCH_TPU_OPINFO_GRAD_BUDGET
+      (default 180 s).
   full (`TORCH_TPU_CONFORMANCE=full`, `make conformance`): every sample of every dtype in
-      (float32, bfloat16, float16, float64, int32, int64, bool), no budget.
-TORCH_TPU_OPINFO_OPS=name1,name2 restricts the sweep to those OpInfo keys (debugging).
+      (float32, bfloat16, float16, float64, int32, int64, bool), no budget; in-place on every
+      swept dtype; gradients in float32, bfloat16, float16 and float64.
+TORCH_TPU_OPINFO_OPS=name1,name2 restricts the sweep to those OpInfo keys (debugging);
+TORCH_TPU_OPINFO_DTYPES=float32,bfloat16 restricts the dtypes; TORCH_TPU_OPINFO_KINDS=grad (any of
+forward,inplace,grad) restricts the kinds of checks.
 
-At the end of the session a summary is written to benchmarks/results/opinfo_summary.json and
-printed in pytest's terminal summary.
+Every XLA CPU executable stays mapped for the life of the process (see _MAX_MAPS): when the
+process nears vm.max_map_count, the remaining ops of the session are swept by a fresh worker
+process (`python tests/test_opinfo.py --worker ...`) whose records are merged back.
+
 """
 
 from __future__ import annotations
@@ -40,7 +61,9 @@ import json
 import math
 import os
 import re
+import subprocess
 import sys
+import tempfile
 import time
 import warnings
 import zlib
@@ -53,7 +76,7 @@ import torch_tpu
 from torch.testing._internal.common_methods_invocations import op_db
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from opinfo_skips import HARD_SKIPS, SKIPS  # noqa: E402
+from opinfo_skips import GRAD_SKIPS, HARD_SKIPS, INPLACE_SKIPS, SKIPS  # noqa: E402
 
 DEV = "tpu"
 FULL = os.environ.get("TORCH_TPU_CONFORMANCE", "").strip().lower() == "full"
@@ -61,7 +84,12 @@ ALL_DTYPES = (
     torch.float32, torch.bfloat16, torch.float16, torch.float64, torch.int32, torch.int64, torch.bool,
 )
 DEFAULT_DTYPES = (torch.float32, torch.bfloat16, torch.int64)
+GRAD_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64) if FULL else (torch.float32,)
+INPLACE_DTYPES = ALL_DTYPES if FULL else (torch.float32,)
 MAX_SAMPLES = None if FULL else 3
+GRAD_MAX_SAMPLES = None if FULL else int(os.environ.get("TORCH_TPU_OPINFO_GRAD_SAMPLES", "2"))
+INPLACE_MAX_SAMPLES = None if FULL else 2
+GRAD_BUDGET_S = float(os.environ.get("TORCH_TPU_OPINFO_GRAD_BUDGET", "0" if FULL else "180"))  # 0: none
 BUDGET_S = float(os.environ.get("TORCH_TPU_OPINFO_BUDGET", "0" if FULL else "390"))  # 0: none
 # Default mode: stop taking new samples of one op after this long (each dtype keeps >= 1 sample).
 PER_OP_S = 0.0 if FULL else float(os.environ.get("TORCH_TPU_OPINFO_PER_OP_S", "6"))
@@ -116,23 +144,47 @@ def _sweep_dtypes(op) -> list[torch.dtype]:
     except Exception:
         return []
     if FULL:
-        return [d for d in ALL_DTYPES if d in supported]
+        return [d for d in ALL_DTYPES if d in supported and _dtype_ok(d)]
     picked = [d for d in DEFAULT_DTYPES if d in supported]
     if not picked:  # bool-only (or f64/f16/i32-only) ops: take the first one we sweep
         picked = [d for d in (torch.bool, *ALL_DTYPES) if d in supported][:1]
-    return picked
+    return [d for d in picked if _dtype_ok(d)]
 
 
-_SELECT = {s.strip() for s in os.environ.get("TORCH_TPU_OPINFO_OPS", "").split(",") if s.strip()}
+def _env_set(name: str) -> set[str]:
+    return {s.strip() for s in os.environ.get(name, "").split(",") if s.strip()}
+
+
+_SELECT = _env_set("TORCH_TPU_OPINFO_OPS")
+_DTYPE_SELECT = _env_set("TORCH_TPU_OPINFO_DTYPES")
+KINDS = _env_set("TORCH_TPU_OPINFO_KINDS") or {"forward", "inplace", "grad"}
 OPS = [op for op in op_db if not _SELECT or _key(op) in _SELECT]
+GRAD_OPS = [op for op in OPS if op.supports_autograd]
+OPS_BY_KEY = {_key(op): op for op in op_db}
+
+
+def _dtype_ok(dtype: torch.dtype) -> bool:
+    return not _DTYPE_SELECT or _dstr(dtype) in _DTYPE_SELECT
+
+
+def _grad_dtypes(op) -> list[torch.dtype]:
+    if not op.supports_autograd or _is_random(op):
+        return []
+    try:
+        supported = op.supported_backward_dtypes("cpu")
+    except Exception:
+        return []
+    return [d for d in GRAD_DTYPES if d in supported and _dtype_ok(d)]
 
 # ---------------------------------------------------------------------------------------------
 # Recording
 # ---------------------------------------------------------------------------------------------
 
-RESULTS: dict[tuple[str, str], dict] = {}
+# (kind, opinfo key, dtype str) -> record; kind is "forward", "inplace" or "grad".
+RESULTS: dict[tuple[str, str, str], dict] = {}
 _STATE = {"start": None, "ops_run": 0, "ops_budget_skipped": 0, "map_guard_stop": None,
-          "ops_map_guard_skipped": 0}
+          "ops_map_guard_skipped": 0, "grad_start": None, "grad_ops_run": 0, "grad_ops_budget_skipped": 0,
+          "worker_processes": 0}
 
 # Every XLA CPU executable holds ~30 memory mappings and the runtime never frees executables, so
 # a process that compiles ~1,900 distinct programs reaches vm.max_map_count (65,530): XLA then
@@ -143,7 +195,7 @@ try:
     _MAX_MAPS = int(Path("/proc/sys/vm/max_map_count").read_text())
 except (OSError, ValueError):
     _MAX_MAPS = 0
-MAP_GUARD_FRACTION = 0.85
+MAP_GUARD_FRACTION = float(os.environ.get("TORCH_TPU_OPINFO_MAP_GUARD_FRACTION", "0.85"))
 _MAP_CHECK_EVERY = 8  # samples
 
 
@@ -159,21 +211,29 @@ def _near_map_limit() -> bool:
     return bool(_MAX_MAPS) and _map_count() > MAP_GUARD_FRACTION * _MAX_MAPS
 
 
-def _record(key: str, dtype: torch.dtype) -> dict:
-    return RESULTS.setdefault(
-        (key, _dstr(dtype)),
+_COUNTER_FIELDS = ("fallback_ops", "fwd_fallback_ops")
+
+
+def _record(key: str, dtype: torch.dtype, kind: str = "forward") -> dict:
+    rec = RESULTS.setdefault(
+        (kind, key, _dstr(dtype)),
         {
             "run": 0,  # samples whose CPU reference ran
             "passed": 0,
-            "lowered": 0,  # samples with no CPU fallback
+            "lowered": 0,  # samples with no CPU fallback (grad: none during the backward pass)
             "passed_lowered": 0,
             "cpu_ref_errors": 0,
-            "fallback_ops": Counter(),
+            "fallback_ops": Counter(),  # grad: fallbacks during the backward pass
             "failures": [],
             "passed_by_tie_or_f64_ref": 0,  # passed only via _ties_ok / _matches_higher_precision
             "sample_gen_error": None,
         },
     )
+    if kind == "grad":
+        rec.setdefault("fwd_fallback_ops", Counter())  # fallbacks of the forward pass
+        rec.setdefault("passed_lowered_fwd_bwd", 0)  # passed with no fallback in forward nor backward
+        rec.setdefault("no_differentiable_output", 0)  # samples not counted: nothing to differentiate
+    return rec
 
 
 # ---------------------------------------------------------------------------------------------
@@ -189,12 +249,15 @@ def _to_tpu(x, memo: dict | None = None):
     if isinstance(x, str) and x == "cpu":  # e.g. Tensor.to(x, "cpu", ...): target tpu instead
         return DEV
     if isinstance(x, torch.Tensor):
+        if ("t", id(x)) in memo:  # one tensor passed twice stays one tensor
+            return memo[("t", id(x))]
         with torch.no_grad():
             t = _view_to_tpu(x, memo)
             if t is None:
                 t = x.detach().to(DEV)
         if x.requires_grad and t.is_floating_point():
             t.requires_grad_(True)
+        memo[("t", id(x))] = t
         return t
     if isinstance(x, torch.device) and x.type == "cpu":
         return torch.device(DEV)
@@ -415,6 +478,219 @@ def _matches_higher_precision(op, hp, proc, expected, cpu_in, check) -> bool:
     return True
 
 
+def _clone(x):
+    """A structural copy of a sample's tensors (fresh storages, same values, no autograd)."""
+    if isinstance(x, torch.Tensor):
+        return x.detach().clone()
+    if isinstance(x, list):
+        return [_clone(v) for v in x]
+    if isinstance(x, tuple) and not hasattr(x, "_fields"):
+        return tuple(_clone(v) for v in x)
+    if isinstance(x, dict):
+        return {k: _clone(v) for k, v in x.items()}
+    return x
+
+
+def _run_inplace_sample(op, sample, rec: dict, random: bool, dtype: torch.dtype) -> None:
+    """`op.inplace_variant` on clones of the sample: the returned value and every tensor
+    argument after the call (the mutated input) must match the CPU."""
+    key = _key(op)
+    random = random or _sample_is_random(key, sample)
+    fn = op.inplace_variant
+    cpu_input, cpu_args, cpu_kwargs = _clone(sample.input), _clone(sample.args), _clone(sample.kwargs)
+    if not isinstance(cpu_input, torch.Tensor):
+        return
+    tpu_input, tpu_args, tpu_kwargs = _tpu_sample(key, type(sample)(cpu_input, args=cpu_args, kwargs=cpu_kwargs))
+    hp = (_upcast(cpu_input), _upcast(cpu_args), _upcast(cpu_kwargs)) \
+        if dtype in HP_DTYPES and not random else None
+    try:
+        expected = fn(cpu_input, *cpu_args, **cpu_kwargs)
+    except Exception:  # e.g. the result would need a broadcast or a dtype the input cannot hold
+        rec["cpu_ref_errors"] += 1
+        return
+    rec["run"] += 1
+    torch_tpu.reset_fallback_stats()
+    try:
+        actual = fn(tpu_input, *tpu_args, **tpu_kwargs)
+        torch_tpu.synchronize()
+        error = None
+    except Exception as err:
+        error = err
+    fallbacks = torch_tpu.fallback_stats()
+    torch_tpu.reset_fallback_stats()
+    lowered = not fallbacks
+    rec["fallback_ops"].update(fallbacks)
+    rec["lowered"] += lowered
+    desc = f"inplace sample {rec['run'] - 1} ({_describe(sample)})"
+    if error is not None:
+        rec["failures"].append(f"{desc}: tpu raised {_short(error)}")
+        return
+    cpu_in = _tensors((cpu_input, cpu_args, cpu_kwargs))
+    tpu_in = _tensors((tpu_input, tpu_args, tpu_kwargs))
+
+    def check(exp_out, exp_in) -> None:
+        _compare(actual, exp_out, "out", random, dtype)
+        if not random:
+            _compare(tpu_in, exp_in, "input-after-op", random, dtype, check_device=False)
+
+    try:
+        check(expected, cpu_in)
+    except Exception as err:
+        if not _inplace_matches_higher_precision(fn, hp, expected, cpu_in, check):
+            rec["failures"].append(f"{desc}: {_short(err)}")
+            return
+        rec["passed_by_tie_or_f64_ref"] += 1
+    rec["passed"] += 1
+    rec["passed_lowered"] += lowered
+
+
+def _inplace_matches_higher_precision(fn, hp, expected, cpu_in, check) -> bool:
+    if hp is None:
+        return False
+    hp_input, hp_args, hp_kwargs = hp
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            ref = fn(hp_input, *hp_args, **hp_kwargs)
+        check(_cast_like(ref, expected), _cast_like(_tensors((hp_input, hp_args, hp_kwargs)), cpu_in))
+    except Exception:
+        return False
+    return True
+
+
+def _grad_weights(outs: list[torch.Tensor], seed: int) -> list[torch.Tensor]:
+    """The fixed random grad_output of each differentiable output (CPU tensors)."""
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(o.shape, generator=g, dtype=torch.float64).to(o.dtype) for o in outs]
+
+
+def _diff_outputs(out) -> list[torch.Tensor]:
+    return [t for t in _tensors(out) if t.requires_grad and t.is_floating_point()]
+
+
+def _grads(op, inp, args, kwargs, leaf_idx: list[int], weights: list[torch.Tensor] | None, seed: int,
+           proc) -> tuple[list, list[torch.Tensor]]:
+    """Runs the op (through its gradcheck wrapper) and returns (input gradients, weights)."""
+    leaves = _tensors((inp, args, kwargs))
+    leaves = [leaves[i] for i in leaf_idx]
+    out = op.gradcheck_wrapper(op, inp, *args, **kwargs)
+    outs = _diff_outputs(proc(out))
+    if weights is None:
+        weights = _grad_weights(outs, seed)
+    if len(outs) != len(weights):
+        raise Mismatch(f"{len(outs)} differentiable outputs, expected {len(weights)}")
+    dev = leaves[0].device
+    ws = [w.to(dev) for w in weights]
+    return list(torch.autograd.grad(outs, leaves, ws, allow_unused=True)), weights
+
+
+def _run_grad_sample(op, sample, rec: dict, dtype: torch.dtype, seed: int) -> None:
+    run_before = rec["run"]
+    try:
+        _run_grad_sample_inner(op, sample, rec, dtype, seed)
+    except Exception as err:
+        rec["run"] = run_before + 1
+        rec["failures"].append(f"harness error: {_short(err)}")
+
+
+def _run_grad_sample_inner(op, sample, rec: dict, dtype: torch.dtype, seed: int) -> None:
+    key = _key(op)
+    if _sample_is_random(key, sample):
+        return
+    cpu_all = _tensors((sample.input, sample.args, sample.kwargs))
+    leaf_idx = [i for i, t in enumerate(cpu_all) if t.requires_grad and t.is_floating_point()]
+    if not leaf_idx:
+        rec["no_differentiable_output"] += 1
+        return
+    tpu_input, tpu_args, tpu_kwargs = _tpu_sample(key, sample)
+    hp = (_upcast(sample.input), _upcast(sample.args), _upcast(sample.kwargs)) if dtype in HP_DTYPES else None
+    proc = sample.output_process_fn_grad
+    try:
+        with torch.enable_grad():
+            expected, weights = _grads(op, sample.input, sample.args, sample.kwargs, leaf_idx, None, seed, proc)
+    except Exception:
+        rec["cpu_ref_errors"] += 1
+        return
+    if not weights:
+        rec["no_differentiable_output"] += 1
+        return
+    rec["run"] += 1
+    desc = f"grad sample {rec['run'] - 1} ({_describe(sample)})"
+    tpu_leaves = [_tensors((tpu_input, tpu_args, tpu_kwargs))[i] for i in leaf_idx]
+    if not all(t.requires_grad for t in tpu_leaves):
+        rec["failures"].append(f"{desc}: harness could not make every differentiable input require grad")
+        return
+    torch_tpu.reset_fallback_stats()
+    error = None
+    try:
+        with torch.enable_grad():
+            out = op.gradcheck_wrapper(op, tpu_input, *tpu_args, **tpu_kwargs)
+            outs = _diff_outputs(proc(out))
+            torch_tpu.synchronize()
+            fwd_fallbacks = torch_tpu.fallback_stats()
+            ws = [w.to(DEV) for w in weights]
+            torch_tpu.reset_fallback_stats()
+            if len(outs) != len(ws):
+                raise Mismatch(f"{len(outs)} differentiable outputs on tpu, expected {len(ws)}")
+            actual = list(torch.autograd.grad(outs, tpu_leaves, ws, allow_unused=True))
+            torch_tpu.synchronize()
+    except Exception as err:
+        error = err
+        fwd_fallbacks = locals().get("fwd_fallbacks", {})
+    fallbacks = torch_tpu.fallback_stats()
+    torch_tpu.reset_fallback_stats()
+    lowered = not fallbacks
+    rec["fallback_ops"].update(fallbacks)
+    rec["fwd_fallback_ops"].update(fwd_fallbacks)
+    rec["lowered"] += lowered
+    if error is not None:
+        rec["failures"].append(f"{desc}: tpu raised {_short(error)}")
+        return
+
+    def check(exp) -> None:
+        for i, (a, e) in enumerate(zip(actual, exp, strict=True)):
+            if e is None and a is not None:
+                if bool((a.detach().cpu() == 0).all()):
+                    continue
+                raise Mismatch(f"grad[{i}]: expected no gradient (unused input), got a non-zero one")
+            if e is not None and a is None:
+                if bool((e == 0).all()):
+                    continue
+                raise Mismatch(f"grad[{i}]: no gradient on tpu, expected one")
+            if e is not None:
+                _compare(a, e, f"grad[{i}]", False, dtype)
+
+    try:
+        check(expected)
+    except Exception as err:
+        if not _grad_matches_higher_precision(op, hp, leaf_idx, weights, seed, proc, expected, check):
+            rec["failures"].append(f"{desc}: {_short(err)}")
+            return
+        rec["passed_by_tie_or_f64_ref"] += 1
+    rec["passed"] += 1
+    rec["passed_lowered"] += lowered
+    rec["passed_lowered_fwd_bwd"] += lowered and not fwd_fallbacks
+
+
+def _grad_matches_higher_precision(op, hp, leaf_idx, weights, seed, proc, expected, check) -> bool:
+    """The tpu gradients match the gradients computed in float64 (cast to the CPU's dtypes)."""
+    if hp is None:
+        return False
+    hp_input, hp_args, hp_kwargs = hp
+    try:
+        leaves = _tensors((hp_input, hp_args, hp_kwargs))
+        for i in leaf_idx:
+            leaves[i].requires_grad_(True)
+        with warnings.catch_warnings(), torch.enable_grad():
+            warnings.simplefilter("ignore")
+            ref, _ = _grads(op, hp_input, hp_args, hp_kwargs, leaf_idx, [w.double() for w in weights],
+                            seed, proc)
+        check([r if r is None or e is None else r.to(e.dtype) for r, e in zip(ref, expected, strict=True)])
+    except Exception:
+        return False
+    return True
+
+
 # Ops that return indices of equal values in an order PyTorch leaves unspecified
 # (sort/argsort with stable=False, topk): index ties are accepted when the indices are a valid
 # choice, i.e. distinct and gathering the input at them gives the CPU's values.
@@ -467,18 +743,26 @@ def _describe(sample) -> str:
     return ", ".join(parts)
 
 
-def _sweep(op, dtype: torch.dtype, op_deadline: float | None) -> dict:
+def _sweep(op, dtype: torch.dtype, op_deadline: float | None, kind: str = "forward") -> dict:
+    """Runs the samples of (op, dtype) for `kind` ("forward", which also runs the in-place
+    variant when that kind is on, or "grad")."""
     key = _key(op)
-    rec = _record(key, dtype)
+    grad = kind == "grad"
+    rec = _record(key, dtype, kind)
+    inplace_rec = None
+    if not grad and "inplace" in KINDS and op.inplace_variant is not None and dtype in INPLACE_DTYPES:
+        inplace_rec = _record(key, dtype, "inplace")
     random = _is_random(op)
-    torch.manual_seed(zlib.crc32(f"{key}/{dtype}".encode()))
+    seed = zlib.crc32(f"{key}/{dtype}/{kind}".encode())
+    torch.manual_seed(zlib.crc32(f"{key}/{dtype}".encode()) if not grad else seed)
+    max_samples = GRAD_MAX_SAMPLES if grad else MAX_SAMPLES
     taken = 0
     try:
-        samples = iter(op.sample_inputs("cpu", dtype))
+        samples = iter(op.sample_inputs("cpu", dtype, requires_grad=grad))
     except Exception as err:
         rec["sample_gen_error"] = _short(err, 200)
         return rec
-    while MAX_SAMPLES is None or taken < MAX_SAMPLES:
+    while max_samples is None or taken < max_samples:
         if taken and op_deadline is not None and time.monotonic() > op_deadline:
             break
         try:
@@ -493,7 +777,17 @@ def _sweep(op, dtype: torch.dtype, op_deadline: float | None) -> dict:
             _STATE["map_guard_stop"] = f"{key}/{_dstr(dtype)} after {taken - 1} samples"
             rec["truncated_by_map_guard"] = True
             break
-        _run_sample(op, sample, rec, random, dtype)
+        if grad:
+            _run_grad_sample(op, sample, rec, dtype, seed + taken)
+            continue
+        if inplace_rec is not None and (INPLACE_MAX_SAMPLES is None or taken <= INPLACE_MAX_SAMPLES):
+            try:
+                _run_inplace_sample(op, sample, inplace_rec, random, dtype)
+            except Exception as err:
+                inplace_rec["run"] += 1
+                inplace_rec["failures"].append(f"harness error: {_short(err)}")
+        if "forward" in KINDS:
+            _run_sample(op, sample, rec, random, dtype)
     return rec
 
 
@@ -502,20 +796,28 @@ def _sweep(op, dtype: torch.dtype, op_deadline: float | None) -> dict:
 # ---------------------------------------------------------------------------------------------
 
 
-def _summary() -> dict:
+def _kind_summary(kind: str) -> dict:
     per_dtype: dict[str, dict] = {}
     fell_back: dict[str, list[str]] = {}
     aten_fallbacks: Counter = Counter()
     failing: dict[str, str] = {}
     skipped_failing: dict[str, str] = {}
     stale: list[str] = []
-    for (key, ds), rec in sorted(RESULTS.items()):
-        if rec["run"] == 0:
+    grad = kind == "grad"
+    for (k, key, ds), rec in sorted(RESULTS.items()):
+        if k != kind or rec["run"] == 0:
             continue
         s = per_dtype.setdefault(ds, {"ops_swept": 0, "ops_ge98_pass_lowered": 0, "ops_all_passing": 0,
                                       "ops_fully_lowered": 0, "samples": 0, "samples_passed": 0,
                                       "samples_lowered": 0, "samples_passed_lowered": 0,
                                       "samples_passed_via_tie_or_f64_ref": 0})
+        if grad:
+            for f in ("ops_ge98_pass", "ops_ge98_pass_fwd_bwd_lowered", "samples_passed_lowered_fwd_bwd"):
+                s.setdefault(f, 0)
+            s["ops_ge98_pass"] += rec["passed"] >= PASS_AND_LOWERED_THRESHOLD * rec["run"]
+            s["ops_ge98_pass_fwd_bwd_lowered"] += \
+                rec["passed_lowered_fwd_bwd"] >= PASS_AND_LOWERED_THRESHOLD * rec["run"]
+            s["samples_passed_lowered_fwd_bwd"] += rec["passed_lowered_fwd_bwd"]
         s["ops_swept"] += 1
         s["samples"] += rec["run"]
         s["samples_passed"] += rec["passed"]
@@ -530,36 +832,63 @@ def _summary() -> dict:
             for a in rec["fallback_ops"]:
                 if a not in ops:
                     ops.append(a)
-            for a in rec["fallback_ops"]:
-                aten_fallbacks[a] += 1
-        skip = _skip_reason(key, ds)
+        skip = _skip_reason(kind, key, ds)
         if rec["passed"] < rec["run"]:
             first = rec["failures"][0] if rec["failures"] else "?"
             msg = f"{rec['run'] - rec['passed']}/{rec['run']} failing; first: {first}"
             (skipped_failing if skip else failing)[f"{key}/{ds}"] = msg[:400]
-        elif skip and (key, ds) in SKIPS:
+        elif _listed_skip(kind, key, ds):
             stale.append(f"{key}/{ds}")
     for ops in fell_back.values():
         ops.sort()
+        aten_fallbacks.update(ops)  # one count per OpInfo needing the ATen op (any dtype)
     return {
-        "mode": "full" if FULL else "default",
-        "torch": torch.__version__,
-        "opinfos_total": len(op_db),
-        "opinfos_selected": len(OPS),
-        "opinfos_run": _STATE["ops_run"],
-        "opinfos_skipped_for_budget": _STATE["ops_budget_skipped"],
-        "map_guard_stop": _STATE["map_guard_stop"],
-        "opinfos_skipped_for_map_guard": _STATE.get("map_guard_skipped_ops", []),
-        "truncated_by_map_guard": sorted(f"{k}/{d}" for (k, d), r in RESULTS.items()
-                                         if r.get("truncated_by_map_guard")),
-        "wall_s": round(time.monotonic() - _STATE["start"], 1) if _STATE["start"] else 0.0,
-        "pass_and_lowered_threshold": PASS_AND_LOWERED_THRESHOLD,
         "per_dtype": per_dtype,
         "ops_that_fell_back": dict(sorted(fell_back.items())),
         "aten_fallbacks_by_opinfo_count": dict(aten_fallbacks.most_common()),
         "failing": failing,
         "failing_but_skip_listed": skipped_failing,
         "stale_skips": stale,
+    }
+
+
+def _summary() -> dict:
+    fwd = _kind_summary("forward")
+    grad = _kind_summary("grad")
+    bwd_fwd_fallbacks: Counter = Counter()
+    for k, rec in RESULTS.items():
+        if k[0] == "grad":
+            bwd_fwd_fallbacks.update(rec.get("fwd_fallback_ops", {}).keys())
+    return {
+        "mode": "full" if FULL else "default",
+        "torch": torch.__version__,
+        "opinfos_total": len(op_db),
+        "opinfos_selected": len(OPS),
+        "kinds": sorted(KINDS),
+        "dtypes_selected": sorted(_DTYPE_SELECT) or "all",
+        "opinfos_run": _STATE["ops_run"],
+        "opinfos_skipped_for_budget": _STATE["ops_budget_skipped"],
+        "map_guard_stop": _STATE["map_guard_stop"],
+        "opinfos_skipped_for_map_guard": _STATE.get("map_guard_skipped_ops", []),
+        "truncated_by_map_guard": sorted(f"{k}:{key}/{d}" for (k, key, d), r in RESULTS.items()
+                                         if r.get("truncated_by_map_guard")),
+        "worker_processes": _STATE["worker_processes"],
+        "wall_s": round(time.monotonic() - _STATE["start"], 1) if _STATE["start"] else 0.0,
+        "pass_and_lowered_threshold": PASS_AND_LOWERED_THRESHOLD,
+        **fwd,
+        "inplace": _kind_summary("inplace"),
+        "backward": {
+            "note": ("grad sweep: per dtype, ops_ge98_pass_lowered counts OpInfos whose samples pass at "
+                     ">= 98% with no CPU fallback during the backward pass; ops_ge98_pass ignores "
+                     "fallbacks; ops_ge98_pass_fwd_bwd_lowered also requires a fallback-free forward. "
+                     "aten_fallbacks_by_opinfo_count ranks the ATen ops that fell back during backward "
+                     "by how many OpInfos needed them."),
+            "opinfos_run": _STATE["grad_ops_run"],
+            "opinfos_skipped_for_budget": _STATE["grad_ops_budget_skipped"],
+            "max_samples_per_op_dtype": GRAD_MAX_SAMPLES,
+            **grad,
+            "forward_fallbacks_of_grad_samples_by_opinfo_count": dict(bwd_fwd_fallbacks.most_common()),
+        },
     }
 
 
@@ -575,7 +904,8 @@ class _SummaryPlugin:
         SUMMARY_PATH.write_text(json.dumps(self.summary, indent=1, sort_keys=False) + "\n")
         details = os.environ.get("TORCH_TPU_OPINFO_DETAILS")  # optional: every record, for debugging
         if details:
-            Path(details).write_text(json.dumps({f"{k}/{d}": r for (k, d), r in RESULTS.items()}, indent=1))
+            Path(details).write_text(json.dumps({f"{k}:{key}/{d}": r for (k, key, d), r in RESULTS.items()},
+                                                indent=1))
 
     def pytest_terminal_summary(self, terminalreporter) -> None:
         if self.summary is None:
@@ -584,11 +914,19 @@ class _SummaryPlugin:
         tr = terminalreporter
         tr.section("OpInfo conformance summary")
         tr.write_line(json.dumps({k: s[k] for k in ("mode", "opinfos_run", "opinfos_skipped_for_budget",
-                                                     "map_guard_stop", "wall_s", "per_dtype")}, indent=1))
+                                                     "map_guard_stop", "worker_processes", "wall_s",
+                                                     "per_dtype")}, indent=1))
         tr.write_line(f"ops that fell back ({len(s['ops_that_fell_back'])}): "
                       + json.dumps(s["ops_that_fell_back"]))
         tr.write_line(f"failing (not skip-listed): {len(s['failing'])}; skip-listed failing: "
                       f"{len(s['failing_but_skip_listed'])}; stale skips: {s['stale_skips']}")
+        for kind in ("inplace", "backward"):
+            k = s[kind]
+            tr.write_line(f"{kind}: " + json.dumps(k["per_dtype"]))
+            tr.write_line(f"{kind} failing (not skip-listed): {len(k['failing'])}; skip-listed failing: "
+                          f"{len(k['failing_but_skip_listed'])}; stale skips: {k['stale_skips']}")
+        top = list(s["backward"]["aten_fallbacks_by_opinfo_count"].items())[:15]
+        tr.write_line(f"backward fallbacks (ATen op: OpInfos needing it): {top}")
         tr.write_line(f"written to {SUMMARY_PATH}")
 
 
@@ -602,48 +940,166 @@ def _opinfo_session(request):
 
 
 # ---------------------------------------------------------------------------------------------
-# The test
+# Worker processes (vm.max_map_count)
 # ---------------------------------------------------------------------------------------------
 
+# (kind, key) -> True once a worker swept it (its records are in RESULTS).
+_DELEGATED: dict[tuple[str, str], bool] = {}
 
-def _skip_reason(key: str, ds: str) -> str | None:
-    return SKIPS.get((key, ds)) or SKIPS.get((key, "*"))
 
-
-@pytest.mark.parametrize("op", OPS, ids=[_key(op) for op in OPS])
-def test_opinfo(op):
-    key = _key(op)
-    if key in HARD_SKIPS:
-        pytest.skip(f"hard skip: {HARD_SKIPS[key]}")
-    now = time.monotonic()
-    if BUDGET_S and now - _STATE["start"] > BUDGET_S:
-        _STATE["ops_budget_skipped"] += 1
-        pytest.skip(f"default-mode budget of {BUDGET_S:.0f}s spent (TORCH_TPU_CONFORMANCE=full runs all)")
-    if _STATE["map_guard_stop"] or _near_map_limit():
-        _STATE["map_guard_stop"] = _STATE["map_guard_stop"] or f"before {key}"
-        _STATE["ops_map_guard_skipped"] += 1
-        _STATE.setdefault("map_guard_skipped_ops", []).append(key)
-        pytest.skip(f"process near vm.max_map_count ({_STATE['map_guard_stop']}): run the remaining ops "
-                    "in a new process (TORCH_TPU_OPINFO_OPS=...)")
-    dtypes = _sweep_dtypes(op)
-    if not dtypes:
-        pytest.skip("supports none of the swept dtypes on CPU")
-    _STATE["ops_run"] += 1
-    op_deadline = now + PER_OP_S if PER_OP_S else None
-    problems = []
-    ran = 0
+def _sweep_op(kind: str, op, op_deadline: float | None) -> None:
+    """Every dtype of one op for one test kind ("forward", which includes "inplace", or "grad")."""
+    dtypes = _grad_dtypes(op) if kind == "grad" else _sweep_dtypes(op)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         for dtype in dtypes:
             if _STATE["map_guard_stop"]:
                 break
-            rec = _sweep(op, dtype, op_deadline)
-            ran += rec["run"]
-            ds = _dstr(dtype)
-            if rec["passed"] < rec["run"] and not _skip_reason(key, ds):
-                bad = "\n    ".join(rec["failures"][:4])
-                problems.append(f"{key}/{ds}: {rec['run'] - rec['passed']}/{rec['run']} samples failing "
-                                f"(lowered {rec['lowered']}/{rec['run']}):\n    {bad}")
+            _sweep(op, dtype, op_deadline, kind)
+
+
+def _rec_to_json(rec: dict) -> dict:
+    return {k: (dict(v) if isinstance(v, Counter) else v) for k, v in rec.items()}
+
+
+def _rec_from_json(rec: dict) -> dict:
+    return {k: (Counter(v) if k in _COUNTER_FIELDS else v) for k, v in rec.items()}
+
+
+def _worker_main(argv: list[str]) -> int:
+    """`--worker KIND IN.json OUT.json`: sweeps the keys of IN.json in order until the process
+    nears vm.max_map_count or the deadline; writes the records of the ops it finished."""
+    kind, in_path, out_path = argv
+    job = json.loads(Path(in_path).read_text())
+    deadline = time.monotonic() + job["time_left_s"] if job.get("time_left_s") else None
+    done: list[str] = []
+    for key in job["keys"]:
+        if done and ((deadline is not None and time.monotonic() > deadline) or _near_map_limit()):
+            break  # (the first op always runs, so every worker makes progress)
+        op = OPS_BY_KEY[key]
+        before = set(RESULTS)
+        per_op = time.monotonic() + job["per_op_s"] if job.get("per_op_s") else None
+        _sweep_op(kind, op, per_op)
+        if _STATE["map_guard_stop"] and done:  # truncated: the next worker redoes this op
+            for k in set(RESULTS) - before:
+                RESULTS.pop(k)
+            break
+        done.append(key)
+        if _STATE["map_guard_stop"]:
+            break
+    Path(out_path).write_text(json.dumps({
+        "done": done,
+        "records": [[list(k), _rec_to_json(r)] for k, r in RESULTS.items()],
+    }))
+    return 0
+
+
+def _delegate(kind: str, keys: list[str], time_left_s: float, per_op_s: float) -> None:
+    """Sweeps `keys` (in order, from the current one) in fresh worker processes until the current
+    key is done, and merges their records."""
+    with tempfile.TemporaryDirectory() as tmp:
+        in_path, out_path = Path(tmp, "in.json"), Path(tmp, "out.json")
+        in_path.write_text(json.dumps({"keys": keys, "time_left_s": time_left_s, "per_op_s": per_op_s}))
+        _STATE["worker_processes"] += 1
+        proc = subprocess.run([sys.executable, os.path.abspath(__file__), "--worker", kind, str(in_path),
+                               str(out_path)], capture_output=True, text=True, env=dict(os.environ))
+        if proc.returncode != 0 or not out_path.exists():
+            raise RuntimeError(f"opinfo worker failed (rc {proc.returncode}): {proc.stderr[-2000:]}")
+        res = json.loads(out_path.read_text())
+    for k, rec in res["records"]:
+        RESULTS[tuple(k)] = _rec_from_json(rec)
+    for key in res["done"]:
+        _DELEGATED[(kind, key)] = True
+
+
+def _remaining_keys(request, kind: str) -> list[str]:
+    """Keys of this session's selected tests of the same kind, from the current one on."""
+    items = request.session.items
+    fn = request.node.function
+    try:
+        i = items.index(request.node)
+    except ValueError:
+        return [_key(request.node.callspec.params["op"])]
+    return [_key(it.callspec.params["op"]) for it in items[i:]
+            if getattr(it, "function", None) is fn and hasattr(it, "callspec")]
+
+
+# ---------------------------------------------------------------------------------------------
+# The tests
+# ---------------------------------------------------------------------------------------------
+
+
+def _listed_skip(kind: str, key: str, ds: str) -> bool:
+    table = {"grad": GRAD_SKIPS, "inplace": INPLACE_SKIPS}.get(kind, SKIPS)
+    return (key, ds) in table
+
+
+def _skip_reason(kind: str, key: str, ds: str) -> str | None:
+    """A kind's own skip entry, else the forward one (a forward gap is a gap of every kind)."""
+    for table in ({"grad": GRAD_SKIPS, "inplace": INPLACE_SKIPS}.get(kind, {}), SKIPS):
+        reason = table.get((key, ds)) or table.get((key, "*"))
+        if reason:
+            return reason
+    return None
+
+
+def _problems(key: str, kinds: tuple[str, ...]) -> tuple[int, list[str]]:
+    ran, problems = 0, []
+    for (k, key2, ds), rec in RESULTS.items():
+        if key2 != key or k not in kinds:
+            continue
+        ran += rec["run"]
+        if rec["passed"] < rec["run"] and not _skip_reason(k, key, ds):
+            bad = "\n    ".join(rec["failures"][:4])
+            problems.append(f"{k}:{key}/{ds}: {rec['run'] - rec['passed']}/{rec['run']} samples failing "
+                            f"(lowered {rec['lowered']}/{rec['run']}):\n    {bad}")
+    return ran, problems
+
+
+def _run_test(request, kind: str, op) -> None:
+    key = _key(op)
+    if key in HARD_SKIPS:
+        pytest.skip(f"hard skip: {HARD_SKIPS[key]}")
+    now = time.monotonic()
+    grad = kind == "grad"
+    if grad and _STATE["grad_start"] is None:
+        _STATE["grad_start"] = now
+    budget, start = (GRAD_BUDGET_S, _STATE["grad_start"]) if grad else (BUDGET_S, _STATE["start"])
+    if budget and now - start > budget:
+        _STATE["grad_ops_budget_skipped" if grad else "ops_budget_skipped"] += 1
+        pytest.skip(f"default-mode {kind} budget of {budget:.0f}s spent (TORCH_TPU_CONFORMANCE=full runs all)")
+    dtypes = _grad_dtypes(op) if grad else _sweep_dtypes(op)
+    if not dtypes:
+        pytest.skip("no swept dtype" + (" with autograd support" if grad else " supported on CPU"))
+    _STATE["grad_ops_run" if grad else "ops_run"] += 1
+    kinds = ("grad",) if grad else ("forward", "inplace")
+    if (kind, key) not in _DELEGATED and (_STATE["map_guard_stop"] or _near_map_limit()):
+        # This process cannot compile much more: a fresh worker sweeps this op and the next ones.
+        _STATE["map_guard_stop"] = _STATE["map_guard_stop"] or f"before {kind}:{key}"
+        _delegate(kind, _remaining_keys(request, kind), budget - (now - start) if budget else 0.0, PER_OP_S)
+    elif (kind, key) not in _DELEGATED:
+        _sweep_op(kind, op, now + PER_OP_S if PER_OP_S else None)
+        if _STATE["map_guard_stop"]:  # truncated mid-op: redo it in a worker
+            for k in [k for k in RESULTS if k[1] == key and k[0] in kinds]:
+                RESULTS.pop(k)
+            _delegate(kind, _remaining_keys(request, kind), budget - (now - start) if budget else 0.0, PER_OP_S)
+    ran, problems = _problems(key, kinds)
     if not ran:
         pytest.skip("the CPU reference raised for every sample (or there were none)")
     assert not problems, "\n".join(problems)
+
+
+@pytest.mark.skipif("forward" not in KINDS and "inplace" not in KINDS, reason="TORCH_TPU_OPINFO_KINDS")
+@pytest.mark.parametrize("op", OPS, ids=[_key(op) for op in OPS])
+def test_opinfo(request, op):
+    _run_test(request, "forward", op)
+
+
+@pytest.mark.skipif("grad" not in KINDS, reason="TORCH_TPU_OPINFO_KINDS")
+@pytest.mark.parametrize("op", GRAD_OPS, ids=[_key(op) for op in GRAD_OPS])
+def test_opinfo_grad(request, op):
+    _run_test(request, "grad", op)
+
+
+if __name__ == "__main__" and len(sys.argv) == 5 and sys.argv[1] == "--worker":
+    sys.exit(_worker_main(sys.argv[2:]))
