@@ -105,7 +105,13 @@ void visit_tensors(const c10::IValue& v, const std::function<void(const at::Tens
 struct MetaOut {
   std::vector<int64_t> sizes, strides;
   c10::ScalarType dtype;
+  std::optional<int64_t> int_value;  // an int/SymInt return (e.g. SDPA's max_q), from meta
 };
+
+bool is_int_return(const c10::Argument& r) {
+  auto k = r.type()->kind();
+  return k == c10::TypeKind::IntType || k == c10::TypeKind::SymIntType;
+}
 struct MetaResult {
   std::vector<MetaOut> outs;
 };
@@ -182,7 +188,7 @@ bool run_lowered(const c10::OperatorHandle& op, const lowering::OpEntry& entry,
   const auto& sargs = schema.arguments();
   const auto& rets = schema.returns();
   for (const auto& r : rets) {
-    if (r.type()->kind() != c10::TypeKind::TensorType) {
+    if (r.type()->kind() != c10::TypeKind::TensorType && !is_int_return(r)) {
       *why = "returns a non-tensor";
       return false;
     }
@@ -238,6 +244,12 @@ bool run_lowered(const c10::OperatorHandle& op, const lowering::OpEntry& entry,
     }
     auto res = std::make_shared<MetaResult>();
     for (size_t i = 0; i < rets.size(); ++i) {
+      if (is_int_return(rets[i])) {  // sizes only: the meta value is the real one
+        const c10::IValue& iv = meta[i];
+        res->outs.push_back({{}, {}, c10::ScalarType::Undefined,
+                             iv.isSymInt() ? iv.toSymInt().expect_int() : iv.toInt()});
+        continue;
+      }
       const at::Tensor& m = meta[i].toTensor();
       if (!m.defined()) {  // e.g. a backward op whose output_mask skips this gradient
         res->outs.push_back({{}, {}, c10::ScalarType::Undefined});
@@ -259,6 +271,7 @@ bool run_lowered(const c10::OperatorHandle& op, const lowering::OpEntry& entry,
   std::vector<at::Tensor> outs;
   for (size_t i = 0; i < rets.size(); ++i) {
     const MetaOut& m = mr->outs[i];
+    if (m.int_value) continue;  // not a tensor: pushed back in place below
     if (m.dtype == c10::ScalarType::Undefined) {
       outs.emplace_back();
       continue;
@@ -329,7 +342,12 @@ bool run_lowered(const c10::OperatorHandle& op, const lowering::OpEntry& entry,
   run_lowering(base, schema.overload_name(), entry, named, outs, common);
 
   torch::jit::drop(*stack, n);
-  for (auto& o : outs) stack->push_back(std::move(o));
+  size_t next = 0;
+  for (const MetaOut& m : mr->outs) {
+    if (m.int_value) stack->push_back(*m.int_value);
+    else stack->push_back(std::move(outs[next++]));
+  }
+  for (; next < outs.size(); ++next) stack->push_back(std::move(outs[next]));
   return true;
 }
 

@@ -4,6 +4,8 @@
 #include <ATen/EmptyTensor.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/native/CPUFallback.h>
+#include <ATen/native/transformers/attention.h>
+#include <ATen/SDPBackend.h>
 #include <c10/core/DeviceGuard.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <torch/library.h>
@@ -127,12 +129,55 @@ c10::Scalar local_scalar_dense(const at::Tensor& self) {
   return host.item();
 }
 
-int64_t fused_sdp_choice(const at::Tensor&, const at::Tensor&, const at::Tensor&,
-                         const std::optional<at::Tensor>&, double, bool, std::optional<double>, bool) {
-  return 0;  // sdp::SDPBackend::math: attention decomposes into lowered matmul/softmax ops
+// SDPA backend for tpu tensors: the fused lowering (csrc/lowering/attention.cc) when it covers
+// the call, else math (attention decomposes into lowered matmul/softmax ops). PyTorch asks the
+// _fused_sdp_choice_stub (registered below); the op itself answers the same.
+int64_t fused_sdp_choice(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                         const std::optional<at::Tensor>& mask, double dropout_p, bool is_causal,
+                         std::optional<double>, bool enable_gqa) {
+  constexpr auto math = static_cast<int64_t>(at::SDPBackend::math);
+  if (!at::globalContext().userEnabledOverrideableSDP()) return math;
+  // Traced calls (torch.compile's fake/functional tensors) keep the math decomposition: the
+  // whole graph becomes one XLA program that fuses it, and graphs with the fused op's random
+  // tag would otherwise run op by op.
+  for (const at::Tensor* t : {&q, &k, &v}) {
+    if (!t->defined() || t->device().type() != kTpu || t->is_nested() ||
+        t->key_set().has(c10::DispatchKey::Python))
+      return math;
+  }
+  auto dt = q.scalar_type();
+  bool float_type = dt == at::kFloat || dt == at::kBFloat16 || dt == at::kHalf || dt == at::kDouble;
+  if (!float_type || k.scalar_type() != dt || v.scalar_type() != dt) return math;
+  int64_t r = q.dim();
+  if ((r != 3 && r != 4) || k.dim() != r || v.dim() != r) return math;
+  if (r == 4 && (k.size(0) != q.size(0) || v.size(0) != q.size(0))) return math;
+  int64_t hq = q.size(-3), hk = k.size(-3), L = q.size(-2), S = k.size(-2);
+  if (v.size(-3) != hk || v.size(-2) != S || k.size(-1) != q.size(-1)) return math;
+  if (L == 0 || S == 0 || q.size(-1) == 0 || v.size(-1) == 0 || hk == 0) return math;
+  if (hq != hk && !(enable_gqa && hq % hk == 0)) return math;
+  if (!(dropout_p >= 0 && dropout_p < 1)) return math;
+  if (mask.has_value() && mask->defined()) {
+    const at::Tensor& m = *mask;
+    if (is_causal || m.is_nested() || m.device() != q.device()) return math;
+    if (m.scalar_type() != at::kBool && m.scalar_type() != dt) return math;
+    if (m.dim() > r) return math;
+    for (int64_t i = 1; i <= m.dim(); ++i) {  // broadcastable to [.., Hq, L, S]
+      int64_t want = i == 1 ? S : i == 2 ? L : i == 3 ? hq : q.size(0);
+      if (m.size(-i) != 1 && m.size(-i) != want) return math;
+    }
+  }
+  return static_cast<int64_t>(at::SDPBackend::overrideable);
 }
 
 }  // namespace
+}  // namespace tpu::aten
+
+// The stub's registration names its type in at::native.
+namespace at::native {
+REGISTER_PRIVATEUSE1_DISPATCH(_fused_sdp_choice_stub, &tpu::aten::fused_sdp_choice)
+}  // namespace at::native
+
+namespace tpu::aten {
 
 void resize_storage_bytes(const c10::Storage& storage, size_t newsize) {
   fused_flush();

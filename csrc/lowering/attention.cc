@@ -1,0 +1,240 @@
+// Fused scaled-dot-product attention: _scaled_dot_product_fused_attention_overrideable and its
+// backward, the ops PyTorch routes SDPA to when our _fused_sdp_choice answers "overrideable"
+// (csrc/aten/ops_runtime.cc decides which calls qualify; everything else takes the math path).
+//
+// Semantics follow PyTorch's math path (_scaled_dot_product_attention_math):
+//  - f16/bf16 inputs are computed in f32 (scores, softmax, products), the result rounded once;
+//  - attn_bias is added (float) or masks (bool: false -> -inf); is_causal keeps j <= i
+//    (top-left aligned, tril of ones(L, S), also when L != S);
+//  - fully masked rows give zeros (_safe_softmax), and logsumexp -inf there;
+//  - grouped-query attention without repeating K/V: Q's Hq heads are viewed as [Hkv, G] (q head
+//    h uses kv head h / G, as repeat_interleave does) and contractions batch over Hkv, so the
+//    backward's sum over each group is part of the dK/dV contraction.
+// Dropout draws Philox bits keyed by the generator state (seed, offset) this call received; the
+// forward returns that state as philox_seed/philox_offset, so the backward regenerates the
+// identical keep-mask from them.
+#include <cmath>
+#include <vector>
+
+#include "lowering.h"
+
+namespace tpu::lowering {
+namespace {
+
+struct Dims {
+  int64_t B = 1, Hq = 1, Hk = 1, G = 1, L = 0, S = 0, E = 0, Ev = 0;
+  bool three_d = false;  // [H, L, E] inputs (no batch dimension)
+};
+
+Dims dims_of(const Value& q, const Value& k, const Value& v) {
+  if (q.rank() != k.rank() || q.rank() != v.rank() || (q.rank() != 3 && q.rank() != 4))
+    throw Unsupported("fused attention takes 3-d or 4-d query/key/value of equal rank");
+  Dims d;
+  d.three_d = q.rank() == 3;
+  int64_t o = d.three_d ? 0 : 1;
+  if (!d.three_d) {
+    d.B = q.shape()[0];
+    if (k.shape()[0] != d.B || v.shape()[0] != d.B) throw Unsupported("batch sizes differ");
+  }
+  d.Hq = q.shape()[o];
+  d.Hk = k.shape()[o];
+  d.L = q.shape()[o + 1];
+  d.S = k.shape()[o + 1];
+  d.E = q.shape()[o + 2];
+  d.Ev = v.shape()[o + 2];
+  if (v.shape()[o] != d.Hk || v.shape()[o + 1] != d.S || k.shape()[o + 2] != d.E)
+    throw Unsupported("key/value shapes do not match");
+  if (d.Hk == 0 || d.Hq % d.Hk != 0) throw Unsupported("query heads are not a multiple of key heads");
+  d.G = d.Hq / d.Hk;
+  return d;
+}
+
+// Compute type: f16/bf16 -> f32 (PyTorch's math path upcasts), else the input's own.
+ElemType compute_type(const Value& q) {
+  if (!shlo::is_float(q.elem())) throw Unsupported("fused attention needs floating-point inputs");
+  return opmath(q.elem());
+}
+
+// [.., Hq, L, X] -> [B, Hk, G, L, X] in compute type t.
+Value grouped_q(Builder& b, Value x, const Dims& d, int64_t X, ElemType t) {
+  return b.reshape(b.convert(x, t), {d.B, d.Hk, d.G, d.L, X});
+}
+// [.., Hk, S, X] -> [B, Hk, S, X] in compute type t.
+Value kv4(Builder& b, Value x, const Dims& d, int64_t X, ElemType t) {
+  return b.reshape(b.convert(x, t), {d.B, d.Hk, d.S, X});
+}
+
+double scale_of(const OpCall& c, const Dims& d) {
+  if (c.has("scale")) return c.double_("scale");
+  return 1.0 / std::sqrt(static_cast<double>(d.E));
+}
+
+// The logical shape [.., Hq, L, S] the bias broadcasts against.
+Shape bias_target(const Dims& d) {
+  return d.three_d ? Shape{d.Hq, d.L, d.S} : Shape{d.B, d.Hq, d.L, d.S};
+}
+
+// Scaled scores plus bias/causal mask, [B, Hk, G, L, S] in type t.
+Value scores(Builder& b, const OpCall& c, Value q5, Value k4, const Dims& d, ElemType t, double scale) {
+  const Shape s5{d.B, d.Hk, d.G, d.L, d.S};
+  Value s = b.dot_general(q5, k4, {0, 1}, {0, 1}, {4}, {3}, t);
+  s = b.mul(s, b.constant_f(scale, t, s5));
+  if (c.has("attn_bias")) {
+    Value bias = c.tensor("attn_bias");
+    Shape target = bias_target(d);
+    if (bias.rank() > static_cast<int64_t>(target.size()))
+      throw Unsupported("attn_bias has more dims than the attention scores");
+    for (int64_t i = 0; i < bias.rank(); ++i) {
+      int64_t bd = bias.shape()[bias.rank() - 1 - i], td = target[target.size() - 1 - i];
+      if (bd != 1 && bd != td) throw Unsupported("attn_bias does not broadcast to the scores");
+    }
+    Value full = b.reshape(b.broadcast_to(bias, target), s5);
+    if (bias.elem() == ElemType::Pred) {
+      s = b.select(full, s, b.lowest(t, s5));
+    } else {
+      s = b.add(s, b.convert(full, t));
+    }
+  }
+  if (c.bool_("is_causal")) {
+    Value row = b.iota(Type{ElemType::S64, s5}, 3), col = b.iota(Type{ElemType::S64, s5}, 4);
+    s = b.select(b.compare(Cmp::LE, col, row), s, b.lowest(t, s5));
+  }
+  return s;
+}
+
+// Keep-mask (pred [B, Hk, G, L, S]) of dropout with probability p from generator state (u64[2]).
+// The state is hashed into a fresh Philox key (splitmix64 of seed and offset) with counter 0: the
+// runtime advances the generator by the output size only, and the mask (L*S per head) may need
+// more counters than that, so reusing the shared counter space could overlap the next call's.
+Value keep_mask(Builder& b, Value state, const Dims& d, double p) {
+  const Shape s5{d.B, d.Hk, d.G, d.L, d.S};
+  auto u64c = [&](uint64_t v) { return b.constant_i(static_cast<int64_t>(v), ElemType::U64, {}); };
+  auto shr = [&](Value x, int n) {
+    return b.binary("shift_right_logical", x, u64c(static_cast<uint64_t>(n)));
+  };
+  Value seed = b.reshape(b.slice(state, {0}, {1}), {});
+  Value offset = b.reshape(b.slice(state, {1}, {2}), {});
+  Value z = b.xor_(seed, b.mul(b.add(offset, u64c(1)), u64c(0x9E3779B97F4A7C15ULL)));
+  z = b.mul(b.xor_(z, shr(z, 30)), u64c(0xBF58476D1CE4E5B9ULL));
+  z = b.mul(b.xor_(z, shr(z, 27)), u64c(0x94D049BB133111EBULL));
+  z = b.xor_(z, shr(z, 31));
+  Value key_state = b.concatenate({b.reshape(z, {1}), b.constant_i(0, ElemType::U64, {1})}, 0);
+  auto [ns, bits] = b.rng_bits(key_state, Type{ElemType::U32, s5});
+  // Uniform [0, 1) in f32 from the top 23 bits, as the other random ops draw it.
+  Value mant = b.binary("shift_right_logical", bits, b.constant_i(9, ElemType::U32, s5));
+  Value one = b.or_(mant, b.constant_i(0x3F800000, ElemType::U32, s5));
+  Value u = b.sub(b.bitcast(one, Type{ElemType::F32, s5}), b.constant_f(1.0, ElemType::F32, s5));
+  return b.compare(Cmp::GE, u, b.constant_f(p, ElemType::F32, s5));
+}
+
+// Applies dropout's keep-mask and 1/(1-p) scaling to x (same shape as the mask).
+Value apply_dropout(Builder& b, Value x, Value keep, double p) {
+  const Shape& s = x.shape();
+  Value scaled = b.mul(x, b.constant_f(1.0 / (1.0 - p), x.elem(), s));
+  return b.select(keep, scaled, b.zeros(Type{x.elem(), s}));
+}
+
+Value state_from(Builder& b, Value seed, Value offset) {
+  auto u = [&](Value x) { return b.reshape(b.bitcast(b.convert(x, ElemType::S64), Type{ElemType::U64, {}}), {1}); };
+  return b.concatenate({u(seed), u(offset)}, 0);
+}
+
+double dropout_of(const OpCall& c) {
+  double p = c.double_("dropout_p");
+  if (p < 0 || p >= 1) throw Unsupported("dropout_p outside [0, 1)");
+  return p;
+}
+
+}  // namespace
+
+// -> (output, logsumexp, cum_seq_q, cum_seq_k, philox_seed, philox_offset, debug_attn_mask);
+// the SymInt returns max_q/max_k come from the meta function.
+TPU_LOWER_IMPL(_scaled_dot_product_fused_attention_overrideable, false, true) {
+  if (c.bool_("return_debug_mask")) throw Unsupported("return_debug_mask");
+  Value q = c.tensor("query"), k = c.tensor("key"), v = c.tensor("value");
+  Dims d = dims_of(q, k, v);
+  ElemType t = compute_type(q);
+  double p = dropout_of(c);
+  const Shape s5{d.B, d.Hk, d.G, d.L, d.S};
+  Value q5 = grouped_q(b, q, d, d.E, t);
+  Value s = scores(b, c, q5, kv4(b, k, d, d.E, t), d, t, scale_of(c, d));
+
+  // Softmax over S; a row with every score -inf gives zeros (lse -inf), like _safe_softmax.
+  Value m = b.reduce(s, b.lowest(t), {4}, "maximum");  // [B, Hk, G, L]
+  const Shape s4{d.B, d.Hk, d.G, d.L};
+  Value dead = b.compare(Cmp::EQ, m, b.lowest(t, s4));
+  Value m_safe = b.select(dead, b.zeros(Type{t, s4}), m);
+  Value e = b.exp(b.sub(s, b.broadcast_in_dim(m_safe, s5, {0, 1, 2, 3})));
+  Value sum = b.reduce(e, b.zeros(Type{t, {}}), {4}, "add");
+  Value inv = b.select(dead, b.zeros(Type{t, s4}), b.div(b.constant_f(1.0, t, s4), sum));
+  Value probs = b.mul(e, b.broadcast_in_dim(inv, s5, {0, 1, 2, 3}));
+  Value lse = b.add(m_safe, b.log(sum));  // log(0) = -inf for dead rows
+
+  Value seed_out = b.constant_i(0, ElemType::S64), offset_out = b.constant_i(0, ElemType::S64);
+  if (p > 0) {
+    Value state = c.tensor("generator");
+    probs = apply_dropout(b, probs, keep_mask(b, state, d, p), p);
+    seed_out = b.bitcast(b.reshape(b.slice(state, {0}, {1}), {}), Type{ElemType::S64, {}});
+    offset_out = b.bitcast(b.reshape(b.slice(state, {1}, {2}), {}), Type{ElemType::S64, {}});
+  }
+  Value out = b.dot_general(probs, kv4(b, v, d, d.Ev, t), {0, 1}, {0, 1}, {4}, {2}, t);  // [B,Hk,G,L,Ev]
+  Value none = b.zeros(Type{ElemType::S64, {}});  // undefined outputs (cum_seq_*, debug mask)
+  return {out, b.convert(lse, ElemType::F32), none, none, seed_out, offset_out, none};
+}
+
+// -> (grad_query, grad_key, grad_value, grad_attn_bias), from the saved logsumexp.
+TPU_LOWER(_scaled_dot_product_fused_attention_overrideable_backward) {
+  Value q = c.tensor("query"), k = c.tensor("key"), v = c.tensor("value");
+  Dims d = dims_of(q, k, v);
+  ElemType t = compute_type(q);
+  double p = dropout_of(c);
+  double scale = scale_of(c, d);
+  const Shape s5{d.B, d.Hk, d.G, d.L, d.S}, s4{d.B, d.Hk, d.G, d.L};
+  Value q5 = grouped_q(b, q, d, d.E, t);
+  Value k4 = kv4(b, k, d, d.E, t), v4 = kv4(b, v, d, d.Ev, t);
+  Value dout = grouped_q(b, c.tensor("grad_out"), d, d.Ev, t);
+  Value s = scores(b, c, q5, k4, d, t, scale);
+
+  // P = exp(s - lse); rows whose lse is -inf were fully masked: P = 0 there.
+  Value lse = b.reshape(b.convert(c.tensor("logsumexp"), t), s4);
+  Value dead = b.compare(Cmp::EQ, lse, b.lowest(t, s4));
+  Value lse_safe = b.select(dead, b.zeros(Type{t, s4}), lse);
+  Value probs = b.exp(b.sub(s, b.broadcast_in_dim(lse_safe, s5, {0, 1, 2, 3})));
+  probs = b.select(b.broadcast_in_dim(dead, s5, {0, 1, 2, 3}), b.zeros(Type{t, s5}), probs);
+
+  Value dropped = probs;
+  Value keep;
+  if (p > 0) {
+    Value state = state_from(b, c.tensor("philox_seed"), c.tensor("philox_offset"));
+    keep = keep_mask(b, state, d, p);
+    dropped = apply_dropout(b, probs, keep, p);
+  }
+  // dV = sum over the group of P_drop^T dO: contract G and L.
+  Value dv = b.dot_general(dropped, dout, {0, 1}, {0, 1}, {2, 3}, {2, 3}, t);  // [B,Hk,S,Ev]
+  Value dp = b.dot_general(dout, v4, {0, 1}, {0, 1}, {4}, {3}, t);             // [B,Hk,G,L,S]
+  if (p > 0) dp = apply_dropout(b, dp, keep, p);
+  // Softmax backward: dS = P * (dP - rowsum(P * dP)).
+  Value rows = b.reduce(b.mul(probs, dp), b.zeros(Type{t, {}}), {4}, "add");
+  Value ds = b.mul(probs, b.sub(dp, b.broadcast_in_dim(rows, s5, {0, 1, 2, 3})));
+  Value dss = b.mul(ds, b.constant_f(scale, t, s5));
+  Value dq = b.dot_general(dss, k4, {0, 1}, {0, 1}, {4}, {2}, t);             // [B,Hk,G,L,E]
+  Value dk = b.dot_general(dss, q5, {0, 1}, {0, 1}, {2, 3}, {2, 3}, t);       // [B,Hk,S,E]
+
+  Value dbias = b.zeros(Type{t, {}});
+  if (c.has("attn_bias") && out_type(c, 3).shape.size() == static_cast<size_t>(c.tensor("attn_bias").rank())) {
+    // The bias gradient is dS summed over the dims the bias was broadcast along.
+    Shape target = bias_target(d);
+    const Shape bs = c.tensor("attn_bias").shape();
+    Value full = b.reshape(ds, target);
+    int64_t lead = static_cast<int64_t>(target.size()) - static_cast<int64_t>(bs.size());
+    std::vector<int64_t> red;
+    for (int64_t i = 0; i < static_cast<int64_t>(target.size()); ++i) {
+      if (i < lead || (bs[i - lead] == 1 && target[i] != 1)) red.push_back(i);
+    }
+    dbias = red.empty() ? full : b.reduce(full, b.zeros(Type{t, {}}), red, "add");
+    dbias = b.reshape(dbias, bs);
+  }
+  return {dq, dk, dv, dbias};
+}
+
+}  // namespace tpu::lowering

@@ -1,0 +1,233 @@
+"""Fused scaled-dot-product attention (_scaled_dot_product_fused_attention_overrideable + backward):
+tpu vs PyTorch's math path on the CPU, the fused op actually running, dropout's forward/backward
+mask agreement, and a tiny Llama (GQA + causal) forward/backward."""
+
+from __future__ import annotations
+
+import copy
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+import torch_tpu
+from torch.utils._python_dispatch import TorchDispatchMode
+
+FUSED = "aten._scaled_dot_product_fused_attention_overrideable.default"
+FUSED_BWD = "aten._scaled_dot_product_fused_attention_overrideable_backward.default"
+MATH_OPS = ("aten.bmm", "aten._softmax", "aten._safe_softmax", "aten.mm", "aten.matmul")
+
+
+class OpLog(TorchDispatchMode):
+    """Records the ATen ops that reach the backend (SDPA itself is composite and decomposes
+    above this point into either the fused op or the math path's matmul/softmax ops)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops: list[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        self.ops.append(str(func))
+        return func(*args, **(kwargs or {}))
+
+
+def _inputs(b: int, hq: int, hk: int, seq_q: int, seq_k: int, e: int, ev: int, dtype: torch.dtype,
+            mask: str | None) -> tuple[list[torch.Tensor], torch.Tensor | None]:
+    q = torch.randn(b, hq, seq_q, e, dtype=dtype)
+    k = torch.randn(b, hk, seq_k, e, dtype=dtype)
+    v = torch.randn(b, hk, seq_k, ev, dtype=dtype)
+    m: torch.Tensor | None = None
+    if mask == "float":
+        m = torch.randn(b, 1, seq_q, seq_k, dtype=dtype)
+    elif mask == "float2d":
+        m = torch.randn(seq_q, seq_k, dtype=dtype)
+    elif mask == "bool":
+        m = torch.rand(b, 1, seq_q, seq_k) > 0.3
+        m[..., 0] = True  # no fully masked rows here (tested separately)
+    return [q, k, v], m
+
+
+def _check(qkv: list[torch.Tensor], m: torch.Tensor | None, atol: float, rtol: float, **kw: object) -> None:
+    """Forward and every gradient (q, k, v, float mask) on tpu vs the CPU; the fused op must run."""
+    ref_in = [x.clone().requires_grad_() for x in qkv]
+    ref_m = m.clone().requires_grad_() if m is not None and m.is_floating_point() else m
+    ref = F.scaled_dot_product_attention(*ref_in, attn_mask=ref_m, **kw)
+    grad = torch.randn_like(ref)
+    ref.backward(grad)
+
+    t_in = [x.to("tpu").requires_grad_() for x in qkv]
+    t_m = None if m is None else m.to("tpu")
+    if t_m is not None and t_m.is_floating_point():
+        t_m.requires_grad_()
+    torch_tpu.reset_fallback_stats()
+    with OpLog() as log:
+        out = F.scaled_dot_product_attention(*t_in, attn_mask=t_m, **kw)
+        out.backward(grad.to("tpu"))
+    assert FUSED in log.ops and FUSED_BWD in log.ops, log.ops
+    assert not [o for o in log.ops if o.startswith(MATH_OPS)], log.ops
+    assert torch_tpu.fallback_stats() == {}
+
+    torch.testing.assert_close(out.cpu(), ref.detach(), atol=atol, rtol=rtol)
+    for t, r in zip(t_in, ref_in, strict=True):
+        torch.testing.assert_close(t.grad.cpu(), r.grad, atol=atol, rtol=rtol)
+    if ref_m is not None and ref_m.requires_grad:
+        torch.testing.assert_close(t_m.grad.cpu(), ref_m.grad, atol=atol, rtol=rtol)
+
+
+CASES = {
+    "plain": (dict(), None),
+    "float_mask": (dict(), "float"),
+    "float_mask_2d": (dict(), "float2d"),
+    "bool_mask": (dict(), "bool"),
+    "causal": (dict(is_causal=True), None),
+    "causal_l_lt_s": (dict(is_causal=True, seq_q=3), None),
+    "causal_l_gt_s": (dict(is_causal=True, seq_k=4), None),
+    "gqa_causal": (dict(is_causal=True, enable_gqa=True, hq=8, hk=2), None),
+    "gqa_bool_mask": (dict(enable_gqa=True, hq=8, hk=2), "bool"),
+    "value_head_dim": (dict(ev=6, scale=0.3), "float"),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_matches_cpu_float32(case: str) -> None:
+    torch.manual_seed(0)
+    kw, mask = CASES[case]
+    shape = dict(b=2, hq=4, hk=4, seq_q=5, seq_k=7, e=8, ev=8)
+    sdpa_kw = {k: kw[k] for k in ("is_causal", "enable_gqa", "scale") if k in kw}
+    shape.update({k: v for k, v in kw.items() if k in shape})
+    qkv, m = _inputs(**shape, dtype=torch.float32, mask=mask)
+    _check(qkv, m, atol=2e-5, rtol=2e-5, **sdpa_kw)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_low_precision(dtype: torch.dtype) -> None:
+    torch.manual_seed(1)
+    qkv, m = _inputs(2, 4, 2, 6, 6, 8, 8, dtype, "float")
+    _check(qkv, m, atol=2e-2, rtol=2e-2, enable_gqa=True)
+    qkv, _ = _inputs(2, 4, 4, 6, 6, 8, 8, dtype, None)
+    _check(qkv, None, atol=2e-2, rtol=2e-2, is_causal=True)
+
+
+def test_fully_masked_row_gives_zeros_like_cpu() -> None:
+    torch.manual_seed(2)
+    qkv, m = _inputs(1, 2, 2, 4, 5, 8, 8, torch.float32, "bool")
+    m[0, 0, 1, :] = False  # query row 1 attends to nothing: the math path's _safe_softmax -> 0
+    _check(qkv, m, atol=2e-5, rtol=2e-5)
+
+
+def test_unsupported_calls_take_the_math_path() -> None:
+    # 5-d inputs and GQA without enable_gqa are not the fused op's: the math path runs, still on tpu.
+    torch.manual_seed(3)
+    q, k, v = (torch.randn(2, 2, 3, 4, 8) for _ in range(3))
+    torch_tpu.reset_fallback_stats()
+    with OpLog() as log:
+        out = F.scaled_dot_product_attention(q.to("tpu"), k.to("tpu"), v.to("tpu"))
+    assert FUSED not in log.ops
+    torch.testing.assert_close(out.cpu(), F.scaled_dot_product_attention(q, k, v), atol=2e-5, rtol=2e-5)
+    assert torch_tpu.fallback_stats() == {}
+
+
+def _dropout_run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p: float, grad: torch.Tensor,
+                 enable_gqa: bool) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    t = [x.to("tpu").requires_grad_() for x in (q, k, v)]
+    out = F.scaled_dot_product_attention(*t, dropout_p=p, enable_gqa=enable_gqa)
+    out.backward(grad.to("tpu"))
+    return out.detach().cpu(), [x.grad.cpu() for x in t]
+
+
+def test_dropout_forward_and_backward_use_the_same_mask() -> None:
+    # With V = identity (S == Ev) the output *is* the dropped, rescaled probability matrix, so the
+    # keep-mask can be read off the forward; the CPU math path given that mask must then produce
+    # the tpu backward's gradients exactly (within float tolerance).
+    torch.manual_seed(4)
+    b, hq, hk, seq, e, p = 2, 4, 2, 16, 8, 0.3
+    q = torch.randn(b, hq, seq, e)
+    k = torch.randn(b, hk, seq, e)
+    v = torch.eye(seq).expand(b, hk, seq, seq).contiguous()
+    grad = torch.randn(b, hq, seq, seq)
+    torch_tpu.reset_fallback_stats()
+    with OpLog() as log:
+        out, grads = _dropout_run(q, k, v, p, grad, enable_gqa=True)
+    assert FUSED in log.ops and FUSED_BWD in log.ops
+    assert torch_tpu.fallback_stats() == {}
+    keep = out != 0  # softmax probabilities are > 0 everywhere here
+
+    # Statistics: about p of the entries dropped; kept ones scaled by 1/(1-p).
+    dropped = 1 - keep.float().mean().item()
+    assert abs(dropped - p) < 0.05, dropped
+    probs = torch.softmax((q @ k.repeat_interleave(hq // hk, 1).transpose(-1, -2)) / math.sqrt(e), -1)
+    torch.testing.assert_close(out[keep], (probs / (1 - p))[keep], atol=1e-5, rtol=1e-5)
+    # Heads and batches draw different masks.
+    assert not torch.equal(keep[0, 0], keep[0, 1]) and not torch.equal(keep[0, 0], keep[1, 0])
+
+    ref_in = [x.clone().requires_grad_() for x in (q, k, v)]
+    kr = ref_in[1].repeat_interleave(hq // hk, 1)
+    vr = ref_in[2].repeat_interleave(hq // hk, 1)
+    ref, _ = torch.ops.aten._scaled_dot_product_attention_math(
+        ref_in[0], kr, vr, None, p, False, dropout_mask=keep)
+    ref.backward(grad)
+    torch.testing.assert_close(out, ref.detach(), atol=1e-5, rtol=1e-5)
+    for g, r in zip(grads, ref_in, strict=True):
+        torch.testing.assert_close(g, r.grad, atol=1e-5, rtol=1e-4)
+
+
+def test_dropout_is_seeded_and_fresh_per_call() -> None:
+    torch.manual_seed(5)
+    q, k = torch.randn(1, 2, 8, 4), torch.randn(1, 2, 8, 4)
+    v = torch.eye(8).expand(1, 2, 8, 8).contiguous()
+    grad = torch.ones(1, 2, 8, 8)
+    torch.manual_seed(7)
+    a, _ = _dropout_run(q, k, v, 0.5, grad, False)
+    b, _ = _dropout_run(q, k, v, 0.5, grad, False)
+    torch.manual_seed(7)
+    c, _ = _dropout_run(q, k, v, 0.5, grad, False)
+    assert torch.equal(a, c)
+    assert not torch.equal(a != 0, b != 0)
+
+
+def _tiny_llama() -> torch.nn.Module:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    cfg = LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                      attn_implementation="sdpa")
+    torch.manual_seed(0)
+    return LlamaForCausalLM(cfg)
+
+
+def test_tiny_llama_forward_backward_matches_cpu() -> None:
+    m = _tiny_llama()
+    mt = copy.deepcopy(m).to("tpu")
+    ids = torch.randint(0, 128, (2, 10))
+    loss = m(ids, labels=ids).loss
+    loss.backward()
+    torch_tpu.reset_fallback_stats()
+    with OpLog() as log:
+        loss_t = mt(ids.to("tpu"), labels=ids.to("tpu")).loss
+        loss_t.backward()
+    assert log.ops.count(FUSED) == 2 and log.ops.count(FUSED_BWD) == 2
+    assert torch_tpu.fallback_stats() == {}
+    torch.testing.assert_close(loss_t.cpu(), loss, atol=1e-5, rtol=1e-5)
+    for p, pt in zip(m.parameters(), mt.parameters(), strict=True):
+        torch.testing.assert_close(pt.grad.cpu(), p.grad, atol=1e-5, rtol=1e-4)
+
+
+def test_compiled_sdpa_matches_cpu() -> None:
+    import torch._dynamo
+
+    torch._dynamo.reset()
+    torch.manual_seed(6)
+    qkv, m = _inputs(1, 4, 2, 5, 5, 8, 8, torch.float32, "float")
+
+    def f(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True).sum(-1)
+
+    t = [x.to("tpu").requires_grad_() for x in qkv]
+    out = torch.compile(f, backend="tpu")(*t, m.to("tpu"))
+    out.sum().backward()
+    r = [x.clone().requires_grad_() for x in qkv]
+    ref = f(*r, m)
+    ref.sum().backward()
+    torch.testing.assert_close(out.detach().cpu(), ref.detach(), atol=2e-5, rtol=2e-5)
+    for a, b in zip(t, r, strict=True):
+        torch.testing.assert_close(a.grad.cpu(), b.grad, atol=2e-5, rtol=2e-5)
