@@ -35,6 +35,7 @@ class ModelReport:
     losses_tpu: list[float] = field(default_factory=list)
     fallbacks: dict[str, int] = field(default_factory=dict)
     host_syncs_per_forward: int = -1
+    extra: dict[str, Any] = field(default_factory=dict)  # model-specific checks (e.g. bf16 forward error)
 
 
 def to_device(obj: Any, device: str | torch.device) -> Any:
@@ -61,6 +62,21 @@ def float_tensors(obj: Any) -> list[torch.Tensor]:
     if hasattr(obj, "sample"):  # diffusers outputs (e.g. DecoderOutput.sample)
         return float_tensors(obj.sample)
     return []
+
+
+def module_to(model: torch.nn.Module, *args: Any, **kwargs: Any) -> torch.nn.Module:
+    """`model.to(*args, **kwargs)` that keeps tied parameters tied (e.g. embeddings = LM head).
+
+    Plain `Module.to("tpu")` replaces each parameter with a new Parameter because PyTorch's
+    `_has_compatible_shallow_copy_type` only lists in-tree backends, so two modules sharing one
+    weight would each get their own copy on tpu. Swapping tensors in place keeps the objects.
+    """
+    prev = torch.__future__.get_swap_module_params_on_conversion()
+    torch.__future__.set_swap_module_params_on_conversion(True)
+    try:
+        return model.to(*args, **kwargs)
+    finally:
+        torch.__future__.set_swap_module_params_on_conversion(prev)
 
 
 def max_err(a: Sequence[torch.Tensor], b: Sequence[torch.Tensor]) -> tuple[float, float]:
@@ -100,7 +116,7 @@ def check_model(
     """
     rep = ModelReport(name)
     cpu = model
-    dev = copy.deepcopy(model).to("tpu")
+    dev = module_to(copy.deepcopy(model), "tpu")
     tb = batch if train_batch is None else train_batch
     batch_d, tb_d = to_device(batch, "tpu"), to_device(tb, "tpu")
 
@@ -131,22 +147,90 @@ def check_model(
         [dev_params[n].grad for n in names], [dict(cpu.named_parameters())[n].grad for n in names])
 
     # AdamW loss curve (default foreach path on both devices), starting from the same weights.
-    cpu_t = copy.deepcopy(cpu)
-    dev_t = copy.deepcopy(cpu).to("tpu")
-    for m, data, losses in ((cpu_t, tb, rep.losses_cpu), (dev_t, tb_d, rep.losses_tpu)):
-        m.train()
-        opt = torch.optim.AdamW(m.parameters(), lr=lr)
-        for _ in range(steps):
-            opt.zero_grad(set_to_none=True)
-            loss = loss_fn(_call(m, data))
-            loss.backward()
-            opt.step()
-            losses.append(loss.item())
+    rep.losses_cpu = train_losses(copy.deepcopy(cpu), tb, loss_fn, steps=steps, lr=lr)
+    rep.losses_tpu = train_losses(module_to(copy.deepcopy(cpu), "tpu"), tb_d, loss_fn, steps=steps, lr=lr)
     rep.loss_curve_max_dev = max((abs(a - b) for a, b in zip(rep.losses_cpu, rep.losses_tpu, strict=True)),
                                  default=0.0)
     rep.fallbacks = dict(torch_tpu.fallback_stats())
     record(rep)
     return rep
+
+
+def train_losses(
+    model: torch.nn.Module,
+    data: Batch | Sequence[Any] | torch.Tensor,
+    loss_fn: Callable[[Any], torch.Tensor],
+    *,
+    steps: int,
+    lr: float,
+    autocast_dtype: torch.dtype | None = None,
+) -> list[float]:
+    """`steps` AdamW steps (default foreach path) of `model` on `data`, in train mode; the losses.
+
+    With `autocast_dtype` the forward and loss run under `torch.autocast(<model's device type>)`.
+    """
+    device_type = next(model.parameters()).device.type
+    model.train()
+    opt = torch.optim.AdamW(model.parameters(), lr=lr)
+    losses: list[float] = []
+    for _ in range(steps):
+        opt.zero_grad(set_to_none=True)
+        with torch.autocast(device_type, dtype=autocast_dtype or torch.bfloat16, enabled=autocast_dtype is not None):
+            loss = loss_fn(_call(model, data))
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    return losses
+
+
+def forward_outputs(
+    model: torch.nn.Module, batch: Batch | Sequence[Any] | torch.Tensor, *, dtype: torch.dtype | None = None
+) -> tuple[list[torch.Tensor], list[torch.Tensor], dict[str, int]]:
+    """Eval-mode no-grad forward of `model` (on the CPU) and of a tpu copy, both cast to `dtype`
+    if given (floating inputs too); returns (cpu outputs, tpu outputs on the CPU, CPU fallbacks
+    of the tpu forward)."""
+
+    def cast(obj: Any) -> Any:
+        if dtype is None:
+            return obj
+        if isinstance(obj, torch.Tensor):
+            return obj.to(dtype) if obj.is_floating_point() else obj
+        if isinstance(obj, Mapping):
+            return {k: cast(v) for k, v in obj.items()}
+        if isinstance(obj, (list, tuple)):
+            return type(obj)(cast(v) for v in obj)
+        return obj
+
+    cpu = copy.deepcopy(model).eval()
+    if dtype is not None:
+        cpu = cpu.to(dtype)
+    dev = module_to(copy.deepcopy(cpu), "tpu")
+    data = cast(batch)
+    torch_tpu.reset_fallback_stats()
+    with torch.no_grad():
+        ref = float_tensors(_call(cpu, data))
+        out = [t.cpu() for t in float_tensors(_call(dev, to_device(data, "tpu")))]
+    return ref, out, dict(torch_tpu.fallback_stats())
+
+
+def compare_generate(
+    model: torch.nn.Module, inputs: Batch, **generate_kwargs: Any
+) -> tuple[torch.Tensor, torch.Tensor, dict[str, int], int]:
+    """`model.generate(**inputs, **generate_kwargs)` on the CPU and on a tpu copy.
+
+    Returns (cpu tokens, tpu tokens on the CPU, CPU fallbacks, host syncs) of the tpu run.
+    """
+    cpu = copy.deepcopy(model).eval()
+    dev = module_to(copy.deepcopy(cpu), "tpu")
+    with torch.no_grad():
+        ref = cpu.generate(**inputs, **generate_kwargs)
+        torch_tpu.reset_fallback_stats()
+        torch_tpu.synchronize()
+        before = torch_tpu.dispatch_stats()["host_syncs"]
+        out = dev.generate(**to_device(inputs, "tpu"), **generate_kwargs)
+        torch_tpu.synchronize()
+        syncs = torch_tpu.dispatch_stats()["host_syncs"] - before
+    return ref, out.cpu(), dict(torch_tpu.fallback_stats()), syncs
 
 
 def record(rep: ModelReport) -> None:
