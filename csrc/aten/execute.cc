@@ -70,6 +70,34 @@ struct Plan {
   int device = -1;
 };
 
+// A storage filled by an untyped byte copy (torch.load restores UntypedStorage bytes) holds a u8
+// buffer. The first op reading it as another width reinterprets the bytes once on the device
+// (bitcast; bytes stay in memory order) and retypes the storage, instead of falling back.
+void retype_storage(StorageState& st, ElemType to) {
+  fused_flush();  // a pending fused value of this storage has the old type
+  std::lock_guard<std::mutex> lock(st.mu);
+  ElemType from = st.elem;
+  int64_t fb = elem_bytes(from), tb = elem_bytes(to);
+  if (from == ElemType::Pred || to == ElemType::Pred || static_cast<int64_t>(st.nbytes) % tb != 0 ||
+      static_cast<int64_t>(st.nbytes) % fb != 0)
+    throw lowering::Unsupported("tensor dtype differs in width from its storage's element type");
+  int64_t n_from = static_cast<int64_t>(st.nbytes) / fb, n_to = static_cast<int64_t>(st.nbytes) / tb;
+  shlo::Builder b;
+  Value x = b.arg(Type{from, {n_from}});
+  Value y = fb < tb   ? b.bitcast(b.reshape(x, {n_to, tb / fb}), Type{to, {n_to}})
+            : fb > tb ? b.reshape(b.bitcast(x, Type{to, {n_from, fb / tb}}), {n_to})
+                      : b.bitcast(x, Type{to, {n_to}});
+  auto exe = runtime::CompileCache::get().get_or_compile(b.module({y}), "retype storage",
+                                                         std::string("storage bytes read as ") + shlo::mlir_name(to));
+  auto outs = runtime::Executor::get().launch(*exe, st.device, {st.buffer->raw()}, {}, "retype storage");
+  st.buffer = outs[0];
+  st.elem = to;
+}
+
+bool same_width(ElemType a, ElemType b) {
+  return shlo::bit_width(a) == shlo::bit_width(b) && (a == ElemType::Pred) == (b == ElemType::Pred);
+}
+
 class Planner {
  public:
   Planner(Plan& p, bool flatten) : p_(p), flatten_(flatten) {}
@@ -81,6 +109,7 @@ class Planner {
     Slot s{st};
     ElemType e = elem_of(t.scalar_type());
     if (st->buffer) {
+      if (!same_width(st->elem, e)) retype_storage(*st, e);
       s.elem = st->elem;
     } else {
       s.elem = e;
@@ -547,9 +576,19 @@ void run_lowering(const std::string& name, const std::string& overload,
   Planner pl(plan, flatten);
   std::vector<ArgPlan> aps;
   aps.reserve(args.size());
+  // Random ops reserve Philox counters for the larger of their outputs and tensor inputs
+  // (multinomial draws one number per category), one 128-bit block (4 x u32 = 2 x u64) per
+  // element: enough for two 32-bit uniforms (Box-Muller) or 64-bit draws, so consecutive ops
+  // never reuse counters.
   int64_t rng_numel = 1;
   for (const auto& o : outs)
     if (o.defined()) rng_numel = std::max<int64_t>(rng_numel, o.numel());
+  if (entry.random) {
+    for (const auto& a : args) {
+      if (a.value.isTensor() && a.value.toTensor().defined())
+        rng_numel = std::max<int64_t>(rng_numel, a.value.toTensor().numel());
+    }
+  }
 
   // Random ops without a Generator argument (native_dropout) still draw from the device's.
   std::vector<NamedArg> extra;
@@ -579,7 +618,7 @@ void run_lowering(const std::string& name, const std::string& overload,
                   gen.device().str(), "'");
       auto* impl = gen.get<TpuGenerator>();
       std::lock_guard<std::mutex> lock(gen.mutex());
-      auto [seed, offset] = impl->next(static_cast<uint64_t>((rng_numel + 3) / 4 + 1));
+      auto [seed, offset] = impl->next(static_cast<uint64_t>(rng_numel + 1));
       ap.kind = Arg::Kind::Tensor;
       ap.host_index.push_back(static_cast<int>(plan.host.size()));
       pl.host_rng(seed, offset);

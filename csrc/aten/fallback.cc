@@ -181,13 +181,42 @@ const at::Tensor& wrapped_scalar(at::ScalarType t) {
   return slot;
 }
 
+// In-place fused optimizer steps (_fused_adam_, _fused_adamw_, _fused_sgd_ and their .out forms).
+bool is_fused_optimizer(const std::string& base) {
+  return base == "_fused_adam" || base == "_fused_adamw" || base == "_fused_sgd";
+}
+
+// Whether the elements of mutated list argument `name` are written by this call. The fused
+// optimizers declare grads (unscaled in place) and max_exp_avg_sqs mutable, but write them only
+// with a grad_scale / with amsgrad; the lowering returns values for exactly these lists.
+bool list_written(const std::string& base, const std::string& name, const c10::FunctionSchema& schema,
+                  c10::ArrayRef<c10::IValue> args) {
+  if (!is_fused_optimizer(base)) return true;
+  auto arg_of = [&](const char* n) -> const c10::IValue* {
+    auto idx = schema.argumentIndexWithName(n);
+    return idx ? &args[*idx] : nullptr;
+  };
+  if (name == "grads") {
+    const c10::IValue* gs = arg_of("grad_scale");
+    return gs && gs->isTensor() && gs->toTensor().defined();
+  }
+  if (name == "max_exp_avg_sqs") {
+    const c10::IValue* a = arg_of("amsgrad");
+    return a && a->isBool() && a->toBool();
+  }
+  return true;
+}
+
 // Returns false when the op cannot take the lowered path (the caller then falls back).
 bool run_lowered(const c10::OperatorHandle& op, const lowering::OpEntry& entry,
                  const std::string& base, torch::jit::Stack* stack, std::string* why) {
   const auto& schema = op.schema();
   const auto& sargs = schema.arguments();
   const auto& rets = schema.returns();
+  // An op returning one bool (equal) is lowered to a 0-d bool tensor and read back on the host.
+  const bool bool_result = rets.size() == 1 && rets[0].type()->kind() == c10::TypeKind::BoolType;
   for (const auto& r : rets) {
+    if (bool_result) break;
     if (r.type()->kind() != c10::TypeKind::TensorType && !is_int_return(r)) {
       *why = "returns a non-tensor";
       return false;
@@ -220,9 +249,15 @@ bool run_lowered(const c10::OperatorHandle& op, const lowering::OpEntry& entry,
   // 1. Output metadata from PyTorch's meta function, cached by the call's signature (many meta
   //    functions are Python and cost ~100 us). Scalar values never change output metadata
   //    when the op has tensor inputs; pure factories (no tensor input) are not cached.
+  //    Ops returning nothing (in-place list ops) or a bool need no output metadata.
   std::string mkey;
-  bool cacheable = meta_key(op, args, &mkey);
   std::shared_ptr<const MetaResult> mr;
+  if (rets.empty() || bool_result) {
+    auto res = std::make_shared<MetaResult>();
+    if (bool_result) res->outs.push_back({{}, {}, c10::ScalarType::Bool});
+    mr = res;
+  }
+  bool cacheable = !mr && meta_key(op, args, &mkey);
   if (cacheable) {
     std::shared_lock<std::shared_mutex> lock(meta_mu);
     if (auto it = meta_cache().find(mkey); it != meta_cache().end()) mr = it->second;
@@ -296,10 +331,21 @@ bool run_lowered(const c10::OperatorHandle& op, const lowering::OpEntry& entry,
     }
   }
 
-  // Arguments mutated but not returned (batch norm's running stats) become extra outputs after
-  // the returns. native_batch_norm's legacy schema mutates them without saying so.
+  // Arguments mutated but not returned (batch norm's running stats, the tensor lists of in-place
+  // list ops such as the fused optimizers: every element) become extra outputs after the
+  // returns, in argument order. native_batch_norm's legacy schema mutates them without saying so.
   bool legacy_bn = base == "native_batch_norm";
   for (size_t j = 0; j < n; ++j) {
+    if (args[j].isTensorList()) {
+      bool write = sargs[j].alias_info() && sargs[j].alias_info()->isWrite();
+      if (!write || !list_written(base, sargs[j].name(), schema, args)) continue;
+      for (const at::Tensor& t : args[j].toTensorList()) {
+        TORCH_CHECK(t.defined() && t.device().type() == kTpu, schema.name(), ": every tensor of '",
+                    sargs[j].name(), "' must be a tpu tensor");
+        outs.push_back(t);
+      }
+      continue;
+    }
     if (!args[j].isTensor() || !args[j].toTensor().defined()) continue;
     bool write = sargs[j].alias_info() && sargs[j].alias_info()->isWrite();
     if (write) {
@@ -320,6 +366,9 @@ bool run_lowered(const c10::OperatorHandle& op, const lowering::OpEntry& entry,
   named.reserve(n);
   for (size_t j = 0; j < n; ++j) {
     NamedArg a{sargs[j].name(), args[j], hint_of(sargs[j].type())};
+    // A float learning rate changes every step under a scheduler: pass it as a runtime operand
+    // (like a Scalar) rather than a compile-time constant, so the step program compiles once.
+    if (is_fused_optimizer(base) && a.name == "lr" && args[j].isDouble()) a.hint = NamedArg::Hint::Scalar;
     bool is_out = sargs[j].is_out();
     if (!is_out && args[j].isTensor() && args[j].toTensor().defined()) {
       rts = at::native::update_result_type_state(args[j].toTensor(), rts);
@@ -342,13 +391,16 @@ bool run_lowered(const c10::OperatorHandle& op, const lowering::OpEntry& entry,
   run_lowering(base, schema.overload_name(), entry, named, outs, common);
 
   torch::jit::drop(*stack, n);
+  if (bool_result) {
+    stack->push_back(c10::IValue(outs[0].item<bool>()));  // the host read (a counted sync)
+    return true;
+  }
   size_t next = 0;
   for (const MetaOut& m : mr->outs) {
     if (m.int_value) stack->push_back(*m.int_value);
     else stack->push_back(std::move(outs[next++]));
   }
-  for (; next < outs.size(); ++next) stack->push_back(std::move(outs[next]));
-  return true;
+  return true;  // extra outputs (mutated, not returned) are not results of the schema
 }
 
 }  // namespace
@@ -467,6 +519,12 @@ void register_lowered_kernels() {
     if (!op || op->hasKernelForDispatchKey(c10::DispatchKey::PrivateUse1) ||
         op->hasKernelForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd))
       continue;
+    // Overloads returning tensor lists (functional _fused_adamw) cannot take the lowered path:
+    // they keep their composite kernel, which calls the lowered in-place overload.
+    bool list_return = false;
+    for (const auto& r : op->schema().returns())
+      list_return |= r.type()->kind() == c10::TypeKind::ListType;
+    if (list_return) continue;
     std::string full = on.name.substr(6) + (on.overload_name.empty() ? "" : "." + on.overload_name);
     lib->impl(full.c_str(), torch::CppFunction::makeFromBoxedFunction<&tpu_boxed_kernel>());
   }

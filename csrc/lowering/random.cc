@@ -146,6 +146,61 @@ TPU_LOWER_RANDOM(randperm) {
   return {b.convert(sorted[1], o.elem)};
 }
 
+// multinomial: each row of `self` holds unnormalized category weights.
+// Without replacement: the exponential race (PyTorch's CPU algorithm): the num_samples largest
+// w_i / E_i with E_i ~ Exp(1), by a stable descending sort; zero-weight categories sort last.
+// With replacement: inverse CDF: the first category whose inclusive prefix sum exceeds
+// u * total and whose weight is positive (so a zero-weight category is never drawn, whatever the
+// prefix sum's rounding), clamped to the last positive category.
+// Invalid distributions (negative, non-finite or all-zero weights, or fewer positive weights than
+// samples without replacement) are not diagnosed: PyTorch's CPU kernel raises, which would need a
+// host read of the weights.
+TPU_LOWER_RANDOM(multinomial) {
+  const Type& o = out_type(c);
+  Value p = c.tensor("self");
+  if (p.rank() < 1 || p.rank() > 2) throw Unsupported("multinomial: self must be 1-D or 2-D");
+  int64_t n = p.shape().back();
+  int64_t rows = p.rank() == 1 ? 1 : p.shape()[0];
+  int64_t s = o.shape.empty() ? 1 : o.shape.back();
+  if (n == 0 || rows == 0 || s == 0) throw Unsupported("multinomial: empty input or output");
+  ElemType t = float_compute(p.elem());
+  Value w = b.reshape(b.convert(p, t), {rows, n});
+  Shape rn{rows, n};
+  Value positive = b.compare(Cmp::GT, w, b.constant_f(0, t, rn));
+  Value idx;
+  if (!c.bool_("replacement")) {
+    Value u = uniform01(b, c, t, rn);
+    Value e = b.neg(b.log(b.sub(b.constant_f(1.0, t, rn), u)));  // Exp(1) in [0, inf)
+    Value key = b.select(positive, b.div(w, e), b.constant_f(-1.0, t, rn));
+    Value iota = b.iota(Type{ElemType::S64, rn}, 1);
+    auto sorted = b.sort({key, iota}, 1, [&](const std::vector<Value>& a) {
+      return b.compare(Cmp::GT, a[0], a[1]);
+    });
+    idx = b.slice(sorted[1], {0, 0}, {rows, s});
+  } else {
+    // Inclusive prefix sum along the categories (Hillis-Steele, log2(n) steps).
+    Value cdf = w;
+    for (int64_t k = 1; k < n; k *= 2) {
+      Value shifted = b.pad(b.slice(cdf, {0, 0}, {rows, n - k}), b.constant_f(0, t), {0, k}, {0, 0});
+      cdf = b.add(cdf, shifted);
+    }
+    Value total = b.slice(cdf, {0, n - 1}, {rows, n});  // [rows, 1]
+    Shape rs{rows, s}, rsn{rows, s, n};
+    Value u = uniform01(b, c, t, rs);
+    Value target = b.mul(u, b.broadcast_in_dim(b.reshape(total, {rows}), rs, {0}));
+    Value above = b.compare(Cmp::GT, b.broadcast_in_dim(cdf, rsn, {0, 2}), b.broadcast_in_dim(target, rsn, {0, 1}));
+    Value cand = b.and_(above, b.broadcast_in_dim(positive, rsn, {0, 2}));
+    Value cat = b.iota(Type{ElemType::S64, rsn}, 2);
+    Value none = b.constant_i(n, ElemType::S64, rsn);
+    Value first = b.reduce(b.select(cand, cat, none), b.constant_i(n, ElemType::S64), {2}, "minimum");
+    Value last_pos = b.reduce(b.select(positive, b.iota(Type{ElemType::S64, rn}, 1), b.constant_i(0, ElemType::S64, rn)),
+                              b.constant_i(0, ElemType::S64), {1}, "maximum");  // [rows]
+    Value fallback = b.broadcast_in_dim(last_pos, rs, {0});
+    idx = b.select(b.compare(Cmp::EQ, first, b.constant_i(n, ElemType::S64, rs)), fallback, first);
+  }
+  return {b.convert(b.reshape(idx, o.shape), o.elem)};
+}
+
 TPU_LOWER_RANDOM(native_dropout) {
   const Type& o = out_type(c, 0);
   Value x = c.tensor("input");

@@ -366,4 +366,17 @@ static std::vector<Value> lower_cum(Builder& b, const OpCall& c, bool is_sum) {
 TPU_LOWER(cumsum) { return lower_cum(b, c, true); }
 TPU_LOWER(cumprod) { return lower_cum(b, c, false); }
 
+// ------------------------------------------------------------------ equal
+// torch.equal: same sizes and every element equal after type promotion (NaN != NaN). The
+// runtime reads the 0-d bool result back to the host.
+TPU_LOWER(equal) {
+  Value x = c.tensor("self"), y = c.tensor("other");
+  if (x.shape() != y.shape()) return {b.constant_i(0, ElemType::Pred)};
+  Value eq = b.compare(Cmp::EQ, b.convert(x, c.common), b.convert(y, c.common));
+  std::vector<int64_t> dims;
+  for (int64_t d = 0; d < x.rank(); ++d) dims.push_back(d);
+  if (dims.empty()) return {eq};
+  return {b.reduce(eq, b.constant_i(1, ElemType::Pred), dims, "and")};
+}
+
 }  // namespace tpu::lowering
