@@ -8,8 +8,10 @@
 //    (top-left aligned, tril of ones(L, S), also when L != S);
 //  - fully masked rows give zeros (_safe_softmax), and logsumexp -inf there;
 //  - grouped-query attention without repeating K/V: Q's Hq heads are viewed as [Hkv, G] (q head
-//    h uses kv head h / G, as repeat_interleave does) and contractions batch over Hkv, so the
-//    backward's sum over each group is part of the dK/dV contraction.
+//    h uses kv head h / G, as repeat_interleave does), and each group's G*L query rows attend to
+//    their kv head as one matrix: every product is a canonical batched matmul over N = B*Hkv
+//    ([N, G*L, E] x [N, S, E]), and the backward's sum over each group is part of the dK/dV
+//    contraction over G*L.
 // Dropout draws Philox bits keyed by the generator state (seed, offset) this call received; the
 // forward returns that state as philox_seed/philox_offset, so the backward regenerates the
 // identical keep-mask from them.
@@ -24,6 +26,10 @@ namespace {
 struct Dims {
   int64_t B = 1, Hq = 1, Hk = 1, G = 1, L = 0, S = 0, E = 0, Ev = 0;
   bool three_d = false;  // [H, L, E] inputs (no batch dimension)
+  int64_t N() const { return B * Hk; }  // batch of the products
+  int64_t M() const { return G * L; }   // query rows per kv head
+  Shape scores() const { return {N(), M(), S}; }
+  Shape rows() const { return {N(), M()}; }
 };
 
 Dims dims_of(const Value& q, const Value& k, const Value& v) {
@@ -55,14 +61,16 @@ ElemType compute_type(const Value& q) {
   return opmath(q.elem());
 }
 
-// [.., Hq, L, X] -> [B, Hk, G, L, X] in compute type t.
+// [.., Hq, L, X] -> [B*Hk, G*L, X] in compute type t.
 Value grouped_q(Builder& b, Value x, const Dims& d, int64_t X, ElemType t) {
-  return b.reshape(b.convert(x, t), {d.B, d.Hk, d.G, d.L, X});
+  return b.reshape(b.convert(x, t), {d.N(), d.M(), X});
 }
-// [.., Hk, S, X] -> [B, Hk, S, X] in compute type t.
-Value kv4(Builder& b, Value x, const Dims& d, int64_t X, ElemType t) {
-  return b.reshape(b.convert(x, t), {d.B, d.Hk, d.S, X});
+// [.., Hk, S, X] -> [B*Hk, S, X] in compute type t.
+Value kv3(Builder& b, Value x, const Dims& d, int64_t X, ElemType t) {
+  return b.reshape(b.convert(x, t), {d.N(), d.S, X});
 }
+// Broadcasts a per-row value [N, M] along S.
+Value along_s(Builder& b, Value x, const Dims& d) { return b.broadcast_in_dim(x, d.scores(), {0, 1}); }
 
 double scale_of(const OpCall& c, const Dims& d) {
   if (c.has("scale")) return c.double_("scale");
@@ -74,11 +82,11 @@ Shape bias_target(const Dims& d) {
   return d.three_d ? Shape{d.Hq, d.L, d.S} : Shape{d.B, d.Hq, d.L, d.S};
 }
 
-// Scaled scores plus bias/causal mask, [B, Hk, G, L, S] in type t.
-Value scores(Builder& b, const OpCall& c, Value q5, Value k4, const Dims& d, ElemType t, double scale) {
-  const Shape s5{d.B, d.Hk, d.G, d.L, d.S};
-  Value s = b.dot_general(q5, k4, {0, 1}, {0, 1}, {4}, {3}, t);
-  s = b.mul(s, b.constant_f(scale, t, s5));
+// Scaled scores plus bias/causal mask, [N, M, S] in type t.
+Value scores(Builder& b, const OpCall& c, Value q3, Value k3, const Dims& d, ElemType t, double scale) {
+  const Shape s3 = d.scores();
+  Value s = b.dot_general(q3, k3, {0}, {0}, {2}, {2}, t);
+  s = b.mul(s, b.constant_f(scale, t, s3));
   if (c.has("attn_bias")) {
     Value bias = c.tensor("attn_bias");
     Shape target = bias_target(d);
@@ -88,26 +96,27 @@ Value scores(Builder& b, const OpCall& c, Value q5, Value k4, const Dims& d, Ele
       int64_t bd = bias.shape()[bias.rank() - 1 - i], td = target[target.size() - 1 - i];
       if (bd != 1 && bd != td) throw Unsupported("attn_bias does not broadcast to the scores");
     }
-    Value full = b.reshape(b.broadcast_to(bias, target), s5);
+    Value full = b.reshape(b.broadcast_to(bias, target), s3);
     if (bias.elem() == ElemType::Pred) {
-      s = b.select(full, s, b.lowest(t, s5));
+      s = b.select(full, s, b.lowest(t, s3));
     } else {
       s = b.add(s, b.convert(full, t));
     }
   }
   if (c.bool_("is_causal")) {
-    Value row = b.iota(Type{ElemType::S64, s5}, 3), col = b.iota(Type{ElemType::S64, s5}, 4);
-    s = b.select(b.compare(Cmp::LE, col, row), s, b.lowest(t, s5));
+    Value row = b.iota(Type{ElemType::S64, {d.L, d.S}}, 0), col = b.iota(Type{ElemType::S64, {d.L, d.S}}, 1);
+    Value keep = b.broadcast_in_dim(b.compare(Cmp::LE, col, row), {d.N(), d.G, d.L, d.S}, {2, 3});
+    s = b.select(b.reshape(keep, s3), s, b.lowest(t, s3));
   }
   return s;
 }
 
-// Keep-mask (pred [B, Hk, G, L, S]) of dropout with probability p from generator state (u64[2]).
+// Keep-mask (pred [N, M, S]) of dropout with probability p from generator state (u64[2]).
 // The state is hashed into a fresh Philox key (splitmix64 of seed and offset) with counter 0: the
 // runtime advances the generator by the output size only, and the mask (L*S per head) may need
 // more counters than that, so reusing the shared counter space could overlap the next call's.
 Value keep_mask(Builder& b, Value state, const Dims& d, double p) {
-  const Shape s5{d.B, d.Hk, d.G, d.L, d.S};
+  const Shape s3 = d.scores();
   auto u64c = [&](uint64_t v) { return b.constant_i(static_cast<int64_t>(v), ElemType::U64, {}); };
   auto shr = [&](Value x, int n) {
     return b.binary("shift_right_logical", x, u64c(static_cast<uint64_t>(n)));
@@ -119,12 +128,12 @@ Value keep_mask(Builder& b, Value state, const Dims& d, double p) {
   z = b.mul(b.xor_(z, shr(z, 27)), u64c(0x94D049BB133111EBULL));
   z = b.xor_(z, shr(z, 31));
   Value key_state = b.concatenate({b.reshape(z, {1}), b.constant_i(0, ElemType::U64, {1})}, 0);
-  auto [ns, bits] = b.rng_bits(key_state, Type{ElemType::U32, s5});
+  auto [ns, bits] = b.rng_bits(key_state, Type{ElemType::U32, s3});
   // Uniform [0, 1) in f32 from the top 23 bits, as the other random ops draw it.
-  Value mant = b.binary("shift_right_logical", bits, b.constant_i(9, ElemType::U32, s5));
-  Value one = b.or_(mant, b.constant_i(0x3F800000, ElemType::U32, s5));
-  Value u = b.sub(b.bitcast(one, Type{ElemType::F32, s5}), b.constant_f(1.0, ElemType::F32, s5));
-  return b.compare(Cmp::GE, u, b.constant_f(p, ElemType::F32, s5));
+  Value mant = b.binary("shift_right_logical", bits, b.constant_i(9, ElemType::U32, s3));
+  Value one = b.or_(mant, b.constant_i(0x3F800000, ElemType::U32, s3));
+  Value u = b.sub(b.bitcast(one, Type{ElemType::F32, s3}), b.constant_f(1.0, ElemType::F32, s3));
+  return b.compare(Cmp::GE, u, b.constant_f(p, ElemType::F32, s3));
 }
 
 // Applies dropout's keep-mask and 1/(1-p) scaling to x (same shape as the mask).
@@ -155,19 +164,17 @@ TPU_LOWER_IMPL(_scaled_dot_product_fused_attention_overrideable, false, true) {
   Dims d = dims_of(q, k, v);
   ElemType t = compute_type(q);
   double p = dropout_of(c);
-  const Shape s5{d.B, d.Hk, d.G, d.L, d.S};
-  Value q5 = grouped_q(b, q, d, d.E, t);
-  Value s = scores(b, c, q5, kv4(b, k, d, d.E, t), d, t, scale_of(c, d));
+  Value s = scores(b, c, grouped_q(b, q, d, d.E, t), kv3(b, k, d, d.E, t), d, t, scale_of(c, d));
 
   // Softmax over S; a row with every score -inf gives zeros (lse -inf), like _safe_softmax.
-  Value m = b.reduce(s, b.lowest(t), {4}, "maximum");  // [B, Hk, G, L]
-  const Shape s4{d.B, d.Hk, d.G, d.L};
-  Value dead = b.compare(Cmp::EQ, m, b.lowest(t, s4));
-  Value m_safe = b.select(dead, b.zeros(Type{t, s4}), m);
-  Value e = b.exp(b.sub(s, b.broadcast_in_dim(m_safe, s5, {0, 1, 2, 3})));
-  Value sum = b.reduce(e, b.zeros(Type{t, {}}), {4}, "add");
-  Value inv = b.select(dead, b.zeros(Type{t, s4}), b.div(b.constant_f(1.0, t, s4), sum));
-  Value probs = b.mul(e, b.broadcast_in_dim(inv, s5, {0, 1, 2, 3}));
+  const Shape s2 = d.rows();
+  Value m = b.reduce(s, b.lowest(t), {2}, "maximum");
+  Value dead = b.compare(Cmp::EQ, m, b.lowest(t, s2));
+  Value m_safe = b.select(dead, b.zeros(Type{t, s2}), m);
+  Value e = b.exp(b.sub(s, along_s(b, m_safe, d)));
+  Value sum = b.reduce(e, b.zeros(Type{t, {}}), {2}, "add");
+  Value inv = b.select(dead, b.zeros(Type{t, s2}), b.div(b.constant_f(1.0, t, s2), sum));
+  Value probs = b.mul(e, along_s(b, inv, d));
   Value lse = b.add(m_safe, b.log(sum));  // log(0) = -inf for dead rows
 
   Value seed_out = b.constant_i(0, ElemType::S64), offset_out = b.constant_i(0, ElemType::S64);
@@ -177,7 +184,7 @@ TPU_LOWER_IMPL(_scaled_dot_product_fused_attention_overrideable, false, true) {
     seed_out = b.bitcast(b.reshape(b.slice(state, {0}, {1}), {}), Type{ElemType::S64, {}});
     offset_out = b.bitcast(b.reshape(b.slice(state, {1}, {2}), {}), Type{ElemType::S64, {}});
   }
-  Value out = b.dot_general(probs, kv4(b, v, d, d.Ev, t), {0, 1}, {0, 1}, {4}, {2}, t);  // [B,Hk,G,L,Ev]
+  Value out = b.dot_general(probs, kv3(b, v, d, d.Ev, t), {0}, {0}, {2}, {1}, t);  // [N, M, Ev]
   Value none = b.zeros(Type{ElemType::S64, {}});  // undefined outputs (cum_seq_*, debug mask)
   return {out, b.convert(lse, ElemType::F32), none, none, seed_out, offset_out, none};
 }
@@ -189,18 +196,18 @@ TPU_LOWER(_scaled_dot_product_fused_attention_overrideable_backward) {
   ElemType t = compute_type(q);
   double p = dropout_of(c);
   double scale = scale_of(c, d);
-  const Shape s5{d.B, d.Hk, d.G, d.L, d.S}, s4{d.B, d.Hk, d.G, d.L};
-  Value q5 = grouped_q(b, q, d, d.E, t);
-  Value k4 = kv4(b, k, d, d.E, t), v4 = kv4(b, v, d, d.Ev, t);
+  const Shape s3 = d.scores(), s2 = d.rows();
+  Value q3 = grouped_q(b, q, d, d.E, t);
+  Value k3 = kv3(b, k, d, d.E, t), v3 = kv3(b, v, d, d.Ev, t);
   Value dout = grouped_q(b, c.tensor("grad_out"), d, d.Ev, t);
-  Value s = scores(b, c, q5, k4, d, t, scale);
+  Value s = scores(b, c, q3, k3, d, t, scale);
 
   // P = exp(s - lse); rows whose lse is -inf were fully masked: P = 0 there.
-  Value lse = b.reshape(b.convert(c.tensor("logsumexp"), t), s4);
-  Value dead = b.compare(Cmp::EQ, lse, b.lowest(t, s4));
-  Value lse_safe = b.select(dead, b.zeros(Type{t, s4}), lse);
-  Value probs = b.exp(b.sub(s, b.broadcast_in_dim(lse_safe, s5, {0, 1, 2, 3})));
-  probs = b.select(b.broadcast_in_dim(dead, s5, {0, 1, 2, 3}), b.zeros(Type{t, s5}), probs);
+  Value lse = b.reshape(b.convert(c.tensor("logsumexp"), t), s2);
+  Value dead = b.compare(Cmp::EQ, lse, b.lowest(t, s2));
+  Value lse_safe = b.select(dead, b.zeros(Type{t, s2}), lse);
+  Value probs = b.exp(b.sub(s, along_s(b, lse_safe, d)));
+  probs = b.select(along_s(b, dead, d), b.zeros(Type{t, s3}), probs);
 
   Value dropped = probs;
   Value keep;
@@ -209,16 +216,16 @@ TPU_LOWER(_scaled_dot_product_fused_attention_overrideable_backward) {
     keep = keep_mask(b, state, d, p);
     dropped = apply_dropout(b, probs, keep, p);
   }
-  // dV = sum over the group of P_drop^T dO: contract G and L.
-  Value dv = b.dot_general(dropped, dout, {0, 1}, {0, 1}, {2, 3}, {2, 3}, t);  // [B,Hk,S,Ev]
-  Value dp = b.dot_general(dout, v4, {0, 1}, {0, 1}, {4}, {3}, t);             // [B,Hk,G,L,S]
+  // dV = P_drop^T dO, contracting the group's G*L rows (the sum over the group).
+  Value dv = b.dot_general(dropped, dout, {0}, {0}, {1}, {1}, t);  // [N, S, Ev]
+  Value dp = b.dot_general(dout, v3, {0}, {0}, {2}, {2}, t);       // [N, M, S]
   if (p > 0) dp = apply_dropout(b, dp, keep, p);
   // Softmax backward: dS = P * (dP - rowsum(P * dP)).
-  Value rows = b.reduce(b.mul(probs, dp), b.zeros(Type{t, {}}), {4}, "add");
-  Value ds = b.mul(probs, b.sub(dp, b.broadcast_in_dim(rows, s5, {0, 1, 2, 3})));
-  Value dss = b.mul(ds, b.constant_f(scale, t, s5));
-  Value dq = b.dot_general(dss, k4, {0, 1}, {0, 1}, {4}, {2}, t);             // [B,Hk,G,L,E]
-  Value dk = b.dot_general(dss, q5, {0, 1}, {0, 1}, {2, 3}, {2, 3}, t);       // [B,Hk,S,E]
+  Value rows = b.reduce(b.mul(probs, dp), b.zeros(Type{t, {}}), {2}, "add");
+  Value ds = b.mul(probs, b.sub(dp, along_s(b, rows, d)));
+  Value dss = b.mul(ds, b.constant_f(scale, t, s3));
+  Value dq = b.dot_general(dss, k3, {0}, {0}, {2}, {1}, t);  // [N, M, E]
+  Value dk = b.dot_general(dss, q3, {0}, {0}, {1}, {1}, t);  // [N, S, E]
 
   Value dbias = b.zeros(Type{t, {}});
   if (c.has("attn_bias") && out_type(c, 3).shape.size() == static_cast<size_t>(c.tensor("attn_bias").rank())) {
