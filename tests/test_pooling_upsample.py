@@ -214,3 +214,31 @@ def test_upsample_modules_unet_style():
     torch.manual_seed(0)
     up = torch.nn.Upsample(scale_factor=2, mode="nearest")
     _check(lambda t: F.avg_pool2d(up(t), 2), _x(1, 4, 8, 8), torch.float32)
+
+
+@pytest.mark.parametrize("size", [(3, 4), (9, 5), (2, 11)])
+@pytest.mark.parametrize("mode,align_corners", [("bilinear", False), ("bicubic", False), ("bilinear", True)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_interpolate_antialias(size, mode, align_corners, dtype):
+    _check(lambda t: F.interpolate(t, size=size, mode=mode, antialias=True, align_corners=align_corners),
+           _x(2, 3, 7, 8), dtype)
+
+
+# ---------------------------------------------------------------- max unpooling
+@pytest.mark.parametrize("nsp", [1, 2, 3])
+def test_max_unpool(nsp):
+    pool = (F.max_pool1d, F.max_pool2d, F.max_pool3d)[nsp - 1]
+    unpool = (F.max_unpool1d, F.max_unpool2d, F.max_unpool3d)[nsp - 1]
+    x = _x(*((2, 3) + (6, 5, 4)[:nsp]))
+    _, idx = pool(x, 2, return_indices=True)
+    _check(lambda t: unpool(t, idx.to(t.device), 2, output_size=x.shape[2:]), pool(x, 2), torch.float32)
+
+
+def test_max_unpool2d_repeated_indices_keep_last_write():
+    # Overlapping windows (stride 1) repeat indices; the CPU kernel's last write wins.
+    x = _x(1, 2, 5, 5)
+    v, idx = F.max_pool2d(x, 3, 1, return_indices=True)
+    vals = torch.randn(v.shape, dtype=torch.float32)
+    ref = F.max_unpool2d(vals, idx, 3, 1, output_size=(5, 5))
+    out = F.max_unpool2d(vals.to(DEV), idx.to(DEV), 3, 1, output_size=(5, 5))
+    assert torch.equal(out.cpu(), ref)

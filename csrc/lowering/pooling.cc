@@ -474,7 +474,33 @@ std::vector<Value> adaptive_max_nd(Builder& b, const OpCall& c, size_t nsp) {
   return {res[0], res[1]};
 }
 
+// Inverse of max pooling: output plane position indices[i] takes self[i], zeros elsewhere. With
+// repeated indices the CPU kernel's serial loop keeps the last write; a max-scatter of source
+// positions finds that writer deterministically, then one gather reads it. (Out-of-range
+// indices, an error on CPU, are dropped.)
+std::vector<Value> max_unpool_nd(Builder& b, const OpCall& c, size_t nsp) {
+  Value x = c.tensor("self"), idx = c.tensor("indices");
+  const Type& o = out_type(c);
+  const int64_t r = o.rank();
+  int64_t plane = 1, planes = 1;
+  for (int64_t i = 0; i < r; ++i) (i < r - static_cast<int64_t>(nsp) ? planes : plane) *= o.shape[i];
+  if (planes == 0 || plane == 0 || x.type.numel() == 0) return {b.zeros(o)};
+  const int64_t per = x.type.numel() / planes;
+  Value ind = b.reshape(b.convert(idx, ElemType::S64), {planes, per, 1});
+  Value full = b.concatenate({b.iota(Type{ElemType::S64, {planes, per, 1}}, 0), ind}, 2);
+  Value pos = b.iota(Type{ElemType::S64, {planes, per}}, 1);
+  Value last = b.scatter(b.constant_i(-1, ElemType::S64, {planes, plane}), full, pos, {}, {0, 1}, {0, 1}, 2, "maximum");
+  Value safe = b.max(last, b.zeros(Type{ElemType::S64, {planes, plane}}));
+  Value gi = b.concatenate({b.iota(Type{ElemType::S64, {planes, plane, 1}}, 0), b.reshape(safe, {planes, plane, 1})}, 2);
+  Value xv = b.gather(b.reshape(x, {planes, per}), gi, {}, {0, 1}, {0, 1}, 2, {1, 1}, {planes, plane});
+  Value hit = b.compare(Cmp::GE, last, b.zeros(Type{ElemType::S64, {planes, plane}}));
+  return {b.reshape(b.select(hit, xv, b.zeros(Type{x.elem(), {planes, plane}})), o.shape)};
+}
+
 }  // namespace
+
+TPU_LOWER(max_unpool2d) { return max_unpool_nd(b, c, 2); }
+TPU_LOWER(max_unpool3d) { return max_unpool_nd(b, c, 3); }
 
 TPU_LOWER(max_pool2d_with_indices) { return max_pool_nd(b, c, 2); }
 TPU_LOWER(max_pool3d_with_indices) { return max_pool_nd(b, c, 3); }

@@ -26,7 +26,7 @@ Value pool_ragged_sum(Builder& b, Value x, int64_t dim, const std::vector<std::v
 
 namespace {
 
-enum class Mode { Nearest, NearestExact, Linear, Cubic };
+enum class Mode { Nearest, NearestExact, Linear, Cubic, AALinear, AACubic };
 using Scale = std::optional<double>;
 
 struct Taps {  // out[o] = sum_j w[j][o] * in[idx[j][o]]; nearest modes have one tap and no w
@@ -126,8 +126,75 @@ Taps interp_taps(Mode m, int64_t in, int64_t out, bool ac, Scale sc) {
   return t;
 }
 
+// Antialiased modes (_upsample_*_aa, HelperInterpBase::_compute_indices_min_size_weights_aa):
+// output o averages input [xmin, xmin + xsize) with a triangle (bilinear) or Keys cubic (a=-0.5)
+// filter stretched by the downscale factor, normalized to sum 1. Ragged: lists[o], w[o].
+struct Ragged {
+  std::vector<std::vector<int64_t>> idx;
+  std::vector<std::vector<double>> w;
+};
+
+template <typename T>
+Ragged aa_taps(Mode m, int64_t in, int64_t out, bool ac, Scale sc) {
+  const int interp = m == Mode::AALinear ? 2 : 4;
+  auto filter = [&](T x) -> T {
+    x = std::abs(x);
+    if (m == Mode::AALinear) return x < 1.0 ? static_cast<T>(1.0 - x) : T(0);
+    const T a = static_cast<T>(-0.5);
+    if (x < 1.0) return cubic1<T>(x, a);
+    if (x < 2.0) return cubic2<T>(x, a);
+    return T(0);
+  };
+  const T scale = area_pixel_scale<T>(in, out, ac, sc);
+  const T support = static_cast<T>(scale >= 1.0 ? (interp * 0.5) * scale : interp * 0.5);
+  const int64_t max_interp = static_cast<int64_t>(std::ceil(support)) * 2 + 1;
+  const T invscale = static_cast<T>(scale >= 1.0 ? 1.0 / scale : 1.0);
+  Ragged r;
+  for (int64_t i = 0; i < out; ++i) {
+    const T center = static_cast<T>(scale * (i + 0.5));
+    const int64_t xmin = std::max<int64_t>(static_cast<int64_t>(center - support + 0.5), 0);
+    int64_t xsize = std::min<int64_t>(static_cast<int64_t>(center + support + 0.5), in) - xmin;
+    xsize = std::clamp<int64_t>(xsize, 0, max_interp);
+    std::vector<T> w;
+    T total = 0;
+    for (int64_t j = 0; j < xsize; ++j) {
+      w.push_back(filter(static_cast<T>((j + xmin - center + 0.5) * invscale)));
+      total += w.back();
+    }
+    if (total != 0.0)
+      for (T& v : w) v /= total;
+    r.idx.emplace_back();
+    r.w.emplace_back();
+    for (int64_t j = 0; j < xsize; ++j) {
+      r.idx.back().push_back(xmin + j);
+      r.w.back().push_back(w[j]);
+    }
+  }
+  return r;
+}
+
+bool antialias(Mode m) { return m == Mode::AALinear || m == Mode::AACubic; }
+
+// Taps of a dim as ragged per-output lists (every mode).
+Ragged ragged_for(Mode m, int64_t in, int64_t out, bool ac, Scale sc, ElemType compute);
+
 Taps taps_for(Mode m, int64_t in, int64_t out, bool ac, Scale sc, ElemType compute) {
   return compute == ElemType::F64 ? interp_taps<double>(m, in, out, ac, sc) : interp_taps<float>(m, in, out, ac, sc);
+}
+
+Ragged ragged_for(Mode m, int64_t in, int64_t out, bool ac, Scale sc, ElemType compute) {
+  if (antialias(m))
+    return compute == ElemType::F64 ? aa_taps<double>(m, in, out, ac, sc) : aa_taps<float>(m, in, out, ac, sc);
+  Taps t = taps_for(m, in, out, ac, sc, compute);
+  Ragged r;
+  r.idx.resize(out);
+  r.w.resize(t.w.empty() ? 0 : out);
+  for (int64_t o = 0; o < out; ++o)
+    for (size_t j = 0; j < t.idx.size(); ++j) {
+      r.idx[o].push_back(t.idx[j][o]);
+      if (!t.w.empty()) r.w[o].push_back(t.w[j][o]);
+    }
+  return r;
 }
 
 std::vector<Scale> scales(const OpCall& c, size_t nsp) {
@@ -144,6 +211,7 @@ bool nearest(Mode m) { return m == Mode::Nearest || m == Mode::NearestExact; }
 void check_dtype(const OpCall& c, Mode m, ElemType e, bool backward) {
   if (shlo::is_float(e)) return;
   if (nearest(m) && !backward && e == ElemType::U8) return;
+  // uint8 antialias / linear / cubic use PyTorch's integer-weight kernels: left to the fallback.
   throw Unsupported(c.name + ": dtype");
 }
 
@@ -164,6 +232,13 @@ std::vector<Value> upsample(Builder& b, const OpCall& c, Mode m, size_t nsp) {
   Value v = b.convert(x, t);
   for (int64_t i = static_cast<int64_t>(nsp) - 1; i >= 0; --i) {
     const int64_t d = off + i;
+    if (antialias(m)) {  // the separable AA kernel skips dims whose size does not change
+      if (x.shape()[d] != o.shape[d]) {
+        Ragged rg = ragged_for(m, x.shape()[d], o.shape[d], ac, sc[i], t);
+        v = pool_ragged_sum(b, v, d, rg.idx, rg.w);
+      }
+      continue;
+    }
     Taps tp = taps_for(m, x.shape()[d], o.shape[d], ac, sc[i], t);
     if (nearest(m)) {
       v = pool_take(b, v, d, tp.idx[0]);
@@ -191,13 +266,14 @@ std::vector<Value> upsample_backward(Builder& b, const OpCall& c, Mode m, size_t
   Value v = b.convert(g, t);
   for (int64_t i = static_cast<int64_t>(nsp) - 1; i >= 0; --i) {
     const int64_t d = off + i, in = o.shape[d], out = g.shape()[d];
-    Taps tp = taps_for(m, in, out, ac, sc[i], t);
+    if (antialias(m) && in == out) continue;
+    Ragged rg = ragged_for(m, in, out, ac, sc[i], t);
     std::vector<std::vector<int64_t>> lists(in);
     std::vector<std::vector<double>> ws(nearest(m) ? 0 : in);
     for (int64_t q = 0; q < out; ++q)
-      for (size_t j = 0; j < tp.idx.size(); ++j) {
-        lists[tp.idx[j][q]].push_back(q);
-        if (!nearest(m)) ws[tp.idx[j][q]].push_back(tp.w[j][q]);
+      for (size_t j = 0; j < rg.idx[q].size(); ++j) {
+        lists[rg.idx[q][j]].push_back(q);
+        if (!nearest(m)) ws[rg.idx[q][j]].push_back(rg.w[q][j]);
       }
     v = pool_ragged_sum(b, v, d, lists, ws);
   }
@@ -217,6 +293,9 @@ TPU_LOWER(upsample_bilinear2d) { return upsample(b, c, Mode::Linear, 2); }
 TPU_LOWER(upsample_trilinear3d) { return upsample(b, c, Mode::Linear, 3); }
 TPU_LOWER(upsample_bicubic2d) { return upsample(b, c, Mode::Cubic, 2); }
 
+TPU_LOWER(_upsample_bilinear2d_aa) { return upsample(b, c, Mode::AALinear, 2); }
+TPU_LOWER(_upsample_bicubic2d_aa) { return upsample(b, c, Mode::AACubic, 2); }
+
 TPU_LOWER(upsample_nearest1d_backward) { return upsample_backward(b, c, Mode::Nearest, 1); }
 TPU_LOWER(upsample_nearest2d_backward) { return upsample_backward(b, c, Mode::Nearest, 2); }
 TPU_LOWER(upsample_nearest3d_backward) { return upsample_backward(b, c, Mode::Nearest, 3); }
@@ -227,5 +306,7 @@ TPU_LOWER(upsample_linear1d_backward) { return upsample_backward(b, c, Mode::Lin
 TPU_LOWER(upsample_bilinear2d_backward) { return upsample_backward(b, c, Mode::Linear, 2); }
 TPU_LOWER(upsample_trilinear3d_backward) { return upsample_backward(b, c, Mode::Linear, 3); }
 TPU_LOWER(upsample_bicubic2d_backward) { return upsample_backward(b, c, Mode::Cubic, 2); }
+TPU_LOWER(_upsample_bilinear2d_aa_backward) { return upsample_backward(b, c, Mode::AALinear, 2); }
+TPU_LOWER(_upsample_bicubic2d_aa_backward) { return upsample_backward(b, c, Mode::AACubic, 2); }
 
 }  // namespace tpu::lowering
