@@ -155,7 +155,9 @@ TPU_LOWER_RANDOM(randperm) {
 // Invalid distributions (negative, non-finite or all-zero weights, or fewer positive weights than
 // samples without replacement) are not diagnosed: PyTorch's CPU kernel raises, which would need a
 // host read of the weights.
-TPU_LOWER_RANDOM(multinomial) {
+// Random but not pointwise: the runtime must not flatten [rows, n] probabilities when the
+// [rows, num_samples] output happens to have the same shape.
+TPU_LOWER_IMPL(multinomial, false, true) {
   const Type& o = out_type(c);
   Value p = c.tensor("self");
   if (p.rank() < 1 || p.rank() > 2) throw Unsupported("multinomial: self must be 1-D or 2-D");
