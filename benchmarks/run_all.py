@@ -21,6 +21,7 @@ BENCHMARKS = {
     "dispatch": "bench_dispatch",
     "gemm": "bench_gemm",
     "minilm": "bench_minilm",
+    "models_diffusers": "bench_models_diffusers",
     "compile": "bench_compile",
     "fused": "bench_fused",
     "cold_warm": "bench_cold_warm",

@@ -9,7 +9,7 @@ Every check compares numbers with the CPU, asserts `fallbacks == {}` and counts 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -21,6 +21,16 @@ from model_harness import ModelReport, check_model, max_err, record
 diffusers = pytest.importorskip("diffusers")
 
 TPU = torch.device("tpu")
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_cpu_thread() -> Iterator[None]:
+    """The CPU reference runs single-threaded: on this shared 2-core machine oversubscribed intra-op
+    threads made it 10x slower than one thread (restored after the module)."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
 
 
 def _host_syncs() -> int:
