@@ -115,6 +115,15 @@ def test_fully_masked_row_gives_zeros_like_cpu() -> None:
     _check(qkv, m, atol=2e-5, rtol=2e-5)
 
 
+def test_three_d_inputs_in_fused_eager_mode() -> None:
+    # [H, L, E] inputs (no batch dim) with a 2-d float mask, recorded into a fused-eager program.
+    torch.manual_seed(8)
+    qkv = [torch.randn(4, 6, 8) for _ in range(3)]
+    m = torch.randn(6, 6)
+    with torch_tpu.set_eager_mode(torch_tpu.EagerMode.DEFER_AND_FUSE):
+        _check(qkv, m, atol=2e-5, rtol=2e-5)
+
+
 def test_unsupported_calls_take_the_math_path() -> None:
     # 5-d inputs and GQA without enable_gqa are not the fused op's: the math path runs, still on tpu.
     torch.manual_seed(3)
