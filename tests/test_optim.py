@@ -310,3 +310,32 @@ def test_fused_out_and_functional_forms(form: str) -> None:
     assert len(cpu) == len(tpu)
     for a, b in zip(cpu, tpu, strict=True):
         torch.testing.assert_close(b, a, atol=1e-6, rtol=1e-6)
+
+
+@pytest.mark.parametrize("scaled", [False, True])
+def test_fused_adamw_in_compiled_graph(scaled: bool) -> None:
+    """torch.compile(backend="tpu") functionalizes _fused_adamw_ into _fused_adamw (lists of lists
+    of results), lowered by the same table entry inside one graph."""
+    import warnings
+
+    g = torch.Generator().manual_seed(5)
+    base = [[torch.randn(3, 2, generator=g).abs() for _ in range(2)] for _ in range(5)]
+
+    def step(p, gr, m, v, vmax, steps, scale):  # type: ignore[no-untyped-def]
+        torch._fused_adamw_(p, gr, m, v, vmax, steps, lr=0.01, beta1=0.9, beta2=0.999, weight_decay=0.1,
+                            eps=1e-8, amsgrad=True, maximize=False, grad_scale=scale)
+
+    res = {}
+    for device in ("cpu", "tpu"):
+        lists = [[x.clone().to(device) for x in lst] for lst in base]
+        steps = [torch.tensor(2.0, device=device) for _ in range(2)]
+        scale = torch.tensor(2.0, device=device) if scaled else None
+        fn = torch.compile(step, backend="tpu", fullgraph=True) if device == "tpu" else step
+        with warnings.catch_warnings(record=True) as log:
+            warnings.simplefilter("always")
+            fn(*lists, steps, scale)
+        assert not [str(w.message) for w in log if "runs op by op" in str(w.message)]
+        res[device] = [x.cpu() for lst in lists for x in lst]
+    torch._dynamo.reset()
+    for a, b in zip(res["cpu"], res["tpu"], strict=True):
+        torch.testing.assert_close(b, a, atol=1e-6, rtol=1e-6)

@@ -189,14 +189,16 @@ class _Describer:
             val = n.meta.get("val")
             vals = list(val) if isinstance(val, (list, tuple)) else [val]
             out_ids, out_types = [], []
+            nested: list[Any] = []  # ids as the value nests them (functional _fused_adamw: lists of lists)
             for v in vals:
-                if isinstance(v, torch.Tensor):
-                    out_ids.append(self.new_id())
-                    out_types.append(_tensor_type(v))
-                else:
-                    out_ids.append(-1)
-                    out_types.append((-1, []))
-            self.ids[n] = out_ids[0] if not isinstance(val, (list, tuple)) else out_ids
+                group = list(v) if isinstance(v, (list, tuple)) else [v]
+                ids = []
+                for e in group:
+                    ids.append(self.new_id() if isinstance(e, torch.Tensor) else -1)
+                    out_types.append(_tensor_type(e) if isinstance(e, torch.Tensor) else (-1, []))
+                out_ids.extend(ids)
+                nested.append(ids if isinstance(v, (list, tuple)) else ids[0])
+            self.ids[n] = out_ids[0] if not isinstance(val, (list, tuple)) else nested
             nodes.append((base, op._overloadname if op._overloadname != "default" else "", args, out_ids, out_types))
         out_node = next(n for n in self.gm.graph.nodes if n.op == "output")
         outputs, output_types, spec = [], [], []
