@@ -227,8 +227,10 @@ TPU_LOWER(_scaled_dot_product_fused_attention_overrideable_backward) {
   Value dq = b.dot_general(dss, k3, {0}, {0}, {2}, {1}, t);  // [N, M, E]
   Value dk = b.dot_general(dss, q3, {0}, {0}, {1}, {1}, t);  // [N, S, E]
 
-  Value dbias = b.zeros(Type{t, {}});
-  if (c.has("attn_bias") && out_type(c, 3).shape.size() == static_cast<size_t>(c.tensor("attn_bias").rank())) {
+  // (A bool mask has no gradient; an undefined grad_attn_bias output ignores the value.)
+  Value dbias = b.zeros(Type{t, out_type(c, 3).shape});
+  if (c.has("attn_bias") && c.tensor("attn_bias").elem() != ElemType::Pred &&
+      out_type(c, 3).shape.size() == static_cast<size_t>(c.tensor("attn_bias").rank())) {
     // The bias gradient is dS summed over the dims the bias was broadcast along.
     Shape target = bias_target(d);
     const Shape bs = c.tensor("attn_bias").shape();
