@@ -141,3 +141,10 @@ def test_equal_matches_cpu(name: str, a: torch.Tensor, b: torch.Tensor) -> None:
     assert isinstance(got, bool)
     assert got == torch.equal(a, b), name
     assert torch_tpu.dispatch_stats()["host_syncs"] - syncs <= 1  # the one unavoidable read
+
+
+def test_without_replacement_too_many_samples_raises() -> None:
+    with pytest.raises(RuntimeError, match="n_sample > prob_dist"):
+        torch.multinomial(torch.rand(2, 4), 5)
+    with pytest.raises(RuntimeError, match="n_sample > prob_dist"):
+        torch.multinomial(torch.rand(2, 4, device="tpu"), 5)

@@ -165,6 +165,8 @@ TPU_LOWER_IMPL(multinomial, false, true) {
   int64_t rows = p.rank() == 1 ? 1 : p.shape()[0];
   int64_t s = o.shape.empty() ? 1 : o.shape.back();
   if (n == 0 || rows == 0 || s == 0) throw Unsupported("multinomial: empty input or output");
+  if (!c.bool_("replacement") && s > n)
+    throw std::runtime_error("cannot sample n_sample > prob_dist.size(-1) samples without replacement");
   ElemType t = float_compute(p.elem());
   Value w = b.reshape(b.convert(p, t), {rows, n});
   Shape rn{rows, n};
