@@ -34,6 +34,27 @@ def test_2d_3d_rows_grouped(dtype: torch.dtype) -> None:
     assert out[20:].abs().max().item() == 0  # PyTorch leaves them uninitialised; we write zeros
 
 
+@pytest.mark.parametrize(
+    "ends",
+    [
+        (8, 16, 24, 32, 40, 48, 56, 64),  # groups aligned with the 8-row tiles
+        (3, 3, 3, 30, 31, 50, 50, 61),  # empty groups, groups starting/ending inside tiles, tail rows
+        (0, 0, 0, 0, 0, 0, 0, 64),  # everything in the last group
+        (64, 64, 64, 64, 64, 64, 64, 64),  # everything in the first group
+        (0, 0, 0, 0, 0, 0, 0, 0),  # no row belongs to a group
+    ],
+)
+def test_2d_3d_tiled_routings(ends: tuple[int, ...]) -> None:
+    # 64 rows over 8 groups takes the tiled path (8-row tiles, 15 tile/group pairs).
+    torch.manual_seed(11)
+    a = torch.randn(64, 16)
+    w = torch.randn(8, 16, 8)
+    out, ref = _run(a, w, _offs(*ends))
+    n = ends[-1]
+    torch.testing.assert_close(out[:n], ref[:n], **TOL[torch.float32])
+    assert out[n:].abs().sum().item() == 0
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_2d_3d_transposed_weight_view(dtype: torch.dtype) -> None:
     # Transformers passes weight.transpose(-2, -1) of a [G, N, K] parameter.

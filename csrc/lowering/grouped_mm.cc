@@ -10,13 +10,20 @@
 // Rows (columns) at or past offs[G-1] belong to no group: PyTorch leaves them uninitialised,
 // we write zeros. Empty groups give zero blocks (2-D x 2-D) or simply own no rows.
 //
-// Strategy (chosen for XLA:CPU at MoE decode sizes, see benchmarks/bench_grouped_mm.py): every
-// group's product is computed densely (G x the useful flops, one large GEMM that XLA runs
-// well) and each row keeps its own group's result with a select, so a NaN/inf in one expert's
-// weights never leaks into rows routed elsewhere (a masked-multiply would turn 0 * inf into NaN).
-// For 2-D x 2-D both operands are masked to the group's K range before a batched GEMM.
-// float16/bfloat16 inputs feed the GEMM directly with a float32 result (like mm), converted
-// back by the runtime.
+// Strategy (measured on XLA:CPU at MoE decode sizes, benchmarks/bench_grouped_mm.py):
+// - 2-D x 3-D (the MoE forward and input gradients), when it saves at least half the GEMM
+//   rows: rows are sorted by group, so cut into T-row tiles each (tile, group) pair holding rows
+//   is one small GEMM; nt + G - 1 pairs always suffice, a static count, so the pairs are
+//   computed on device (L + (G-1) T GEMM rows instead of G L). 64 tokens x top-2 over 8
+//   experts: 240 rows instead of 1024.
+// - otherwise (few rows, 3-D x 2-D, 2-D x 2-D weight gradients): every group's product densely
+//   (G x the useful flops) and each row/column keeps its own group's result with a select;
+//   for 2-D x 2-D both operands are masked to the group's K range before a batched GEMM. A tiled
+//   2-D x 2-D (per-pair [M,T]x[T,N] partials accumulated by dynamic-update-slice) measured
+//   slower than this on XLA:CPU.
+// Selects, never masked multiplies: a NaN/inf in one expert's weights never leaks into rows
+// routed elsewhere (0 * inf = NaN). float16/bfloat16 accumulate in float32 like mm; the
+// runtime converts back.
 #include <vector>
 
 #include "lowering.h"
@@ -58,6 +65,117 @@ Value select_group(Builder& b, Value all, Value mask, int64_t g_dim) {
   return b.reduce(kept, b.constant_i(0, all.elem()), {g_dim}, "add");
 }
 
+// ---- tiled path: rows sorted by group, cut into T-row tiles; each (tile, group) pair that can
+// hold rows is one small GEMM. A tile overlaps groups first..last of its rows, and consecutive
+// tiles share at most their boundary group, so nt + G - 1 pairs always suffice (a static
+// count): (L + (G-1) T) rows of GEMM instead of G L, plus a gather of each pair's weights.
+
+// x[idx[p]] for every p: [D0, rest...] x [P] -> [P, rest...].
+Value take_leading(Builder& b, Value x, Value idx) {
+  const int64_t p = idx.shape()[0];
+  Shape slice = x.shape(), result = x.shape();
+  slice[0] = 1;
+  result[0] = p;
+  std::vector<int64_t> offset_dims;
+  for (int64_t d = 1; d < x.rank(); ++d) offset_dims.push_back(d);
+  return b.gather(x, b.reshape(idx, {p, 1}), offset_dims, {0}, {0}, 1, slice, result);
+}
+
+struct Tiling {
+  int64_t t = 0, nt = 0, p = 0;  // tile size, tiles, pairs
+  Value tile;   // [P] s64, the pair's tile (clamped)
+  Value group;  // [P] s64, the pair's group (clamped)
+  Value rows;   // [P, T] pred: row j of the pair's tile belongs to the pair's group (and is real)
+};
+
+int64_t tile_size(int64_t len, int64_t g) {
+  int64_t per = (len + g - 1) / g, t = 8;
+  while (t < per && t < 128) t *= 2;
+  return t;
+}
+
+// Worth it when it saves at least half of the dense path's GEMM rows.
+bool use_tiles(int64_t len, int64_t g) {
+  if (g < 2) return false;
+  const int64_t t = tile_size(len, g);
+  return g * len >= 2 * (len + (g - 1) * t);
+}
+
+Tiling make_tiling(Builder& b, Value offs, int64_t len) {
+  Tiling tl;
+  const int64_t g = offs.shape()[0];
+  tl.t = tile_size(len, g);
+  tl.nt = (len + tl.t - 1) / tl.t;
+  tl.p = tl.nt + g - 1;
+  const int64_t lp = tl.nt * tl.t, nt = tl.nt, p = tl.p, t = tl.t;
+  Value gid = group_ids(b, offs, lp);  // padded indices get G (or are masked below)
+  Value real = b.compare(Cmp::LT, b.iota(Type{I64, {lp}}, 0), b.constant_i(len, I64, {lp}));
+  gid = b.select(real, gid, b.constant_i(g, I64, {lp}));
+  Value gt = b.reshape(gid, {nt, t});
+  Value first = b.reshape(b.slice(gt, {0, 0}, {nt, 1}), {nt});
+  Value last = b.reshape(b.slice(gt, {0, t - 1}, {nt, t}), {nt});
+  Value gmax = b.constant_i(g - 1, I64, {nt});
+  Value zero_t = b.constant_i(0, I64, {nt});
+  // Pairs per tile: groups first..min(last, G-1); none when the tile is past the last group.
+  Value cnt = b.add(b.sub(b.min(last, gmax), first), b.constant_i(1, I64, {nt}));
+  cnt = b.select(b.compare(Cmp::GT, first, gmax), zero_t, cnt);
+  // Inclusive/exclusive prefix sums over tiles (nt is small: a [nt, nt] triangle).
+  Value ii = b.iota(Type{I64, {nt, nt}}, 0), jj = b.iota(Type{I64, {nt, nt}}, 1);
+  Value cb = b.broadcast_in_dim(cnt, {nt, nt}, {1});
+  Value zero_nn = b.zeros(Type{I64, {nt, nt}});
+  Value end = b.reduce(b.select(b.compare(Cmp::LE, jj, ii), cb, zero_nn), b.constant_i(0, I64), {1}, "add");
+  Value start = b.sub(end, cnt);
+  // Pair q lies in the first tile whose end exceeds q.
+  Value q = b.iota(Type{I64, {p, nt}}, 0);
+  Value eb = b.broadcast_in_dim(end, {p, nt}, {1});
+  Value tile = b.reduce(b.convert(b.compare(Cmp::LE, eb, q), I64), b.constant_i(0, I64), {1}, "add");
+  Value valid = b.compare(Cmp::LT, tile, b.constant_i(nt, I64, {p}));
+  tile = b.min(tile, b.constant_i(nt - 1, I64, {p}));
+  Value qi = b.iota(Type{I64, {p}}, 0);
+  Value group = b.add(take_leading(b, first, tile), b.sub(qi, take_leading(b, start, tile)));
+  group = b.clamp(b.constant_i(0, I64, {p}), group, b.constant_i(g - 1, I64, {p}));
+  Value pg = take_leading(b, gt, tile);  // [P, T] group of each row of the pair's tile
+  Value rows = b.compare(Cmp::EQ, pg, b.broadcast_in_dim(group, {p, t}, {0}));
+  rows = b.and_(rows, b.broadcast_in_dim(valid, {p, t}, {0}));
+  tl.tile = tile;
+  tl.group = group;
+  tl.rows = rows;
+  return tl;
+}
+
+// Entry q of a 1-D s64 value as a 0-d value.
+Value at(Builder& b, Value v, int64_t q) { return b.reshape(b.slice(v, {q}, {q + 1}), {}); }
+
+// [M,K] x [G,K,N] with offs over the M rows, tiled. Pairs are unrolled into small GEMMs whose
+// operands are dynamic slices (plain copies): XLA:CPU's gather of large windows (each pair's
+// expert weights) is an order of magnitude slower, and so is one batched GEMM over stacked
+// slices. Operands are widened to the compute type first (XLA:CPU's dot thunk has no
+// bf16 x bf16 -> f32 form; bf16 products are exact in f32 anyway).
+Value rows_tiled(Builder& b, Value a, Value w, Value offs, ElemType t) {
+  const int64_t m = a.shape()[0], k = a.shape()[1], n = w.shape()[2];
+  Tiling tl = make_tiling(b, offs, m);
+  const int64_t mp = tl.nt * tl.t, tt = tl.t;
+  if (mp > m) a = b.pad(a, b.constant_i(0, a.elem()), {0, 0}, {mp - m, 0});
+  Value zero = b.constant_i(0, I64);
+  Value row0 = b.mul(tl.tile, b.constant_i(tt, I64, {tl.p}));
+  std::vector<Value> ys;
+  for (int64_t q = 0; q < tl.p; ++q) {
+    Value aq = b.convert(b.dynamic_slice(a, {at(b, row0, q), zero}, {tt, k}), t);
+    Value wq = b.dynamic_slice(w, {at(b, tl.group, q), zero, zero}, {1, k, n});
+    wq = b.convert(b.reshape(wq, {k, n}), t);
+    ys.push_back(b.reshape(b.dot_general(aq, wq, {}, {}, {1}, {0}, t), {1, tt, n}));
+  }
+  Value y = b.concatenate(ys, 0);  // [P, T, N]
+  y = b.select(b.broadcast_in_dim(tl.rows, y.shape(), {0, 1}), y, b.zeros(y.type));
+  // Tile i sums its pairs' rows (each row is non-zero in exactly one pair). A select-sum rather
+  // than a one-hot product, so a NaN stays in its own row.
+  const Shape big{tl.nt, tl.p, tt, n};
+  Value sel = b.compare(Cmp::EQ, b.broadcast_in_dim(tl.tile, big, {1}), b.iota(Type{I64, big}, 0));
+  Value yb = b.broadcast_in_dim(y, big, {1, 2, 3});
+  Value out = b.reduce(b.select(sel, yb, b.zeros(yb.type)), b.constant_i(0, t), {1}, "add");
+  return b.slice(b.reshape(out, {mp, n}), {0, 0}, {m, n});
+}
+
 }  // namespace
 
 TPU_LOWER(_grouped_mm) {
@@ -76,6 +194,7 @@ TPU_LOWER(_grouped_mm) {
 
   if (ra == 2 && rw == 3) {  // [M,K] x [G,K,N]: offs over rows
     const int64_t m = a.shape()[0], n = w.shape()[2];
+    if (use_tiles(m, g)) return {rows_tiled(b, a, w, offs, t)};
     Value all = gdot(b, a, w, {}, {}, {1}, {1}, t);  // [M, G, N]
     Value mask = group_mask(b, group_ids(b, offs, m), {m, g, n}, 0, 1);
     return {select_group(b, all, mask, 1)};

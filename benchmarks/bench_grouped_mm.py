@@ -1,0 +1,170 @@
+"""MoE grouped GEMMs and MoE models.
+
+1. `torch._grouped_mm` at decode batch 64 (64 tokens x top-2 routed to 8 experts, hidden 512, ffn 1024),
+   float32 and bfloat16: the tpu lowering (sync-free, every expert computed densely and each row keeps
+   its own expert's result) vs PyTorch's per-expert loop on the CPU (its generic `_grouped_mm`, one
+   .item() + one mm per group) and the same per-expert loop on tpu (offsets read to the host once,
+   one mm per expert). Forms: up projection [S,512] x [8,512,1024] and the weight-gradient form
+   [512,S] x [S,1024] with offsets along K.
+2. Tiny Qwen3-MoE and Mixtral (the configs of tests/test_models_moe.py): forward and one AdamW train
+   step, tpu strict eager vs CPU eager.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from bench_common import TPU, finish, fmt_ratio, interleaved, median, ratio, sync
+
+NAME = "grouped_mm"
+TOKENS, TOP_K, EXPERTS, HIDDEN, FFN = 64, 2, 8, 512, 1024
+REPEATS = 5
+ITERS = 3
+
+
+def timed(fn: Callable[[], object], on_tpu: bool) -> Callable[[], object]:
+    def loop() -> object:
+        r = None
+        for _ in range(ITERS):
+            r = fn()
+        if on_tpu:
+            sync()
+        return r
+
+    return loop
+
+
+def routing(seed: int) -> torch.Tensor:
+    """int32 group ends for TOKENS x TOP_K rows sorted by a random expert id."""
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, EXPERTS, (TOKENS * TOP_K,), generator=g)
+    return torch.cumsum(torch.bincount(ids, minlength=EXPERTS), 0).to(torch.int32)
+
+
+def loop_rows(x: torch.Tensor, w: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
+    """The per-expert loop over row groups (what a backend without a grouped GEMM does)."""
+    ends = offs.tolist()  # one host read
+    parts, start = [], 0
+    for g, end in enumerate(ends):
+        if end > start:
+            parts.append(x[start:end] @ w[g])
+        start = end
+    if start < x.shape[0]:
+        parts.append(x.new_zeros(x.shape[0] - start, w.shape[-1]))
+    return torch.cat(parts)
+
+
+def loop_k(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
+    """The per-expert loop for the weight-gradient form (offsets along K)."""
+    ends = offs.tolist()
+    parts, start = [], 0
+    for end in ends:
+        parts.append(a[:, start:end] @ b[start:end])
+        start = end
+    return torch.stack(parts)
+
+
+def gmm_case(form: str, dtype: torch.dtype) -> dict[str, Any]:
+    g = torch.Generator().manual_seed(1)
+    offs = routing(2)
+    s = TOKENS * TOP_K
+    if form == "up 2d x 3d":
+        a = torch.randn(s, HIDDEN, generator=g).to(dtype)
+        b = (torch.randn(EXPERTS, HIDDEN, FFN, generator=g) / HIDDEN**0.5).to(dtype)
+        loop = loop_rows
+    else:
+        a = torch.randn(s, HIDDEN, generator=g).to(dtype).t()
+        b = torch.randn(s, FFN, generator=g).to(dtype)
+        loop = loop_k
+    ad, bd, od = a.to(TPU), b.to(TPU), offs.to(TPU)
+    fns = {
+        "tpu_lowered": timed(lambda: torch._grouped_mm(ad, bd, od), True),
+        "tpu_loop": timed(lambda: loop(ad, bd, od), True),
+        "cpu_grouped_mm": timed(lambda: torch._grouped_mm(a, b, offs), False),
+    }
+    ref = torch._grouped_mm(a.float(), b.float(), offs)
+    got = torch._grouped_mm(ad, bd, od).cpu().float()
+    n = int(offs[-1]) if form == "up 2d x 3d" else ref.shape[0]
+    err = ((got[:n] - ref[:n]).abs().max() / ref[:n].abs().max()).item()
+    for f in fns.values():  # warm-up: compiles every program once
+        f()
+    times = interleaved(fns, REPEATS)
+    ms = {k: median(v) / ITERS * 1e3 for k, v in times.items()}
+    return {"form": form, "dtype": str(dtype).removeprefix("torch."), "group_ends": offs.tolist(),
+            "rel_err_vs_cpu_f32": err, "ms": ms}
+
+
+def build_model(kind: str) -> torch.nn.Module:
+    from transformers import MixtralConfig, MixtralForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+    torch.manual_seed(0)
+    common: dict[str, Any] = dict(vocab_size=128, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                  num_key_value_heads=2, head_dim=16, num_experts_per_tok=2,
+                                  max_position_embeddings=64)
+    if kind == "qwen3_moe":
+        return Qwen3MoeForCausalLM(Qwen3MoeConfig(**common, intermediate_size=128, moe_intermediate_size=32,
+                                                  num_experts=4, decoder_sparse_step=1, norm_topk_prob=True))
+    return MixtralForCausalLM(MixtralConfig(**common, intermediate_size=32, num_local_experts=4))
+
+
+def model_case(kind: str) -> dict[str, Any]:
+    ids = torch.randint(0, 128, (2, 16), generator=torch.Generator().manual_seed(1))
+    sides: dict[str, Any] = {}
+    for dev in ("cpu", TPU):
+        m = build_model(kind).to(dev)
+        x = ids.to(dev)
+        opt = torch.optim.AdamW(m.parameters(), lr=1e-3)
+
+        def fwd(m: torch.nn.Module = m, x: torch.Tensor = x) -> object:
+            m.eval()
+            with torch.no_grad():
+                return m(input_ids=x).logits
+
+        def step(m: torch.nn.Module = m, x: torch.Tensor = x, opt: torch.optim.Optimizer = opt) -> object:
+            m.train()
+            opt.zero_grad(set_to_none=True)
+            loss = m(input_ids=x, labels=x).loss
+            loss.backward()
+            opt.step()
+            return loss
+
+        sides[dev] = (timed(fwd, dev == TPU), timed(step, dev == TPU))
+    fns = {f"{d}_{what}": sides[d][i] for d in ("cpu", TPU) for i, what in enumerate(("forward", "train_step"))}
+    for f in fns.values():
+        f()
+    times = interleaved(fns, REPEATS)
+    return {"model": kind, "ms": {k: median(v) / ITERS * 1e3 for k, v in times.items()}}
+
+
+def run() -> dict[str, Any]:
+    gmm = [gmm_case(form, dt) for form in ("up 2d x 3d", "wgrad 2d x 2d") for dt in (torch.float32, torch.bfloat16)]
+    models = [model_case(k) for k in ("qwen3_moe", "mixtral")]
+    ratios = []
+    for c in gmm:
+        tag = f"{c['form'].split()[0]}/{c['dtype']}"
+        ratios.append(ratio(f"{tag} cpu_loop/tpu_lowered", c["ms"]["cpu_grouped_mm"] / c["ms"]["tpu_lowered"],
+                            None, True))
+        ratios.append(ratio(f"{tag} tpu_loop/tpu_lowered", c["ms"]["tpu_loop"] / c["ms"]["tpu_lowered"], None, True))
+    for c in models:
+        ms = c["ms"]
+        ratios.append(ratio(f"{c['model']} fwd tpu/cpu", ms["tpu_forward"] / ms["cpu_forward"], None, False))
+        ratios.append(ratio(f"{c['model']} train tpu/cpu", ms["tpu_train_step"] / ms["cpu_train_step"], None, False))
+    parts = [f"{c['form'].split()[0]}/{c['dtype']} ms tpu {c['ms']['tpu_lowered']:.1f} "
+             f"cpu-loop {c['ms']['cpu_grouped_mm']:.1f} tpu-loop {c['ms']['tpu_loop']:.1f}" for c in gmm]
+    parts += [f"{c['model']} fwd {c['ms']['tpu_forward']:.1f}/{c['ms']['cpu_forward']:.1f} ms "
+              f"train {c['ms']['tpu_train_step']:.1f}/{c['ms']['cpu_train_step']:.1f} ms (tpu/cpu)" for c in models]
+    summary = f"{NAME}: " + "; ".join(parts) + " | " + ", ".join(fmt_ratio(r) for r in ratios)
+    return finish(NAME, {
+        "description": __doc__.strip().splitlines()[0] if __doc__ else NAME,
+        "shape": {"tokens": TOKENS, "top_k": TOP_K, "experts": EXPERTS, "hidden": HIDDEN, "ffn": FFN},
+        "grouped_mm": gmm,
+        "models": models,
+        "ratios": ratios,
+        "summary": summary,
+    })
+
+
+if __name__ == "__main__":
+    run()
