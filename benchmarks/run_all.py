@@ -25,6 +25,7 @@ BENCHMARKS = {
     "compile": "bench_compile",
     "fused": "bench_fused",
     "grouped_mm": "bench_grouped_mm",
+    "models_hf": "bench_models_hf",
     "cold_warm": "bench_cold_warm",
 }
 
