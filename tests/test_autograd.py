@@ -141,3 +141,32 @@ def test_rng_state_round_trip_and_fork_rng() -> None:
     with torch.random.fork_rng(device_type="tpu"):
         torch.nn.functional.dropout(x, 0.5)
     assert torch.equal(torch.tpu.get_rng_state(), before)
+
+
+def test_hf_llama_gradient_checkpointing_with_attention_dropout() -> None:
+    """Hugging Face activation checkpointing (non-reentrant) on a tiny Llama with attention dropout:
+    the recomputed layers draw the same dropout masks, so the gradients are those without
+    checkpointing; without restoring the RNG they are not."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    cfg = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32,
+                      attention_dropout=0.3, use_cache=False)
+    ids = torch.randint(0, 64, (2, 12), generator=torch.Generator().manual_seed(0)).to("tpu")
+
+    def grads(ckpt_kwargs: dict | None) -> list[torch.Tensor]:
+        torch.manual_seed(0)
+        m = LlamaForCausalLM(cfg).to("tpu")
+        m.train()
+        if ckpt_kwargs is not None:
+            m.activation_checkpointing_enable(activation_checkpointing_kwargs=ckpt_kwargs)
+        torch.manual_seed(5)
+        m(input_ids=ids, labels=ids).loss.backward()
+        return [p.grad.cpu() for p in m.parameters()]
+
+    ref = grads(None)
+    got = grads({"use_reentrant": False})
+    for a, b in zip(ref, got, strict=True):
+        assert torch.equal(a, b)
+    unrestored = grads({"use_reentrant": False, "preserve_rng_state": False})
+    assert any(not torch.equal(a, b) for a, b in zip(ref, unrestored, strict=True))
