@@ -187,8 +187,7 @@ def test_interpolate_nearest(mode, nsp, kw):
     _check(_interp(mode, nsp, kw), _x(*SHAPES[nsp]), torch.float32)
 
 
-@pytest.mark.parametrize("kw", INTERP)
-@pytest.mark.parametrize("align_corners", [False, True])
+@pytest.mark.parametrize("kw,align_corners", [(kw, False) for kw in INTERP] + [(INTERP[0], True), (INTERP[1], True)])
 @pytest.mark.parametrize("mode,nsp", [("linear", 1), ("bilinear", 2), ("bicubic", 2), ("trilinear", 3)])
 def test_interpolate_linear_cubic(mode, nsp, kw, align_corners):
     _check(_interp(mode, nsp, kw, align_corners=align_corners), _x(*SHAPES[nsp]), torch.float32)
@@ -217,8 +216,8 @@ def test_upsample_modules_unet_style():
 
 
 @pytest.mark.parametrize("size", [(3, 4), (9, 5), (2, 11)])
-@pytest.mark.parametrize("mode,align_corners", [("bilinear", False), ("bicubic", False), ("bilinear", True)])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("mode,align_corners,dtype", [("bilinear", False, torch.float32), ("bicubic", False, torch.float32),
+                                                      ("bilinear", True, torch.float32), ("bicubic", False, torch.float64)])
 def test_interpolate_antialias(size, mode, align_corners, dtype):
     _check(lambda t: F.interpolate(t, size=size, mode=mode, antialias=True, align_corners=align_corners),
            _x(2, 3, 7, 8), dtype)
@@ -242,3 +241,26 @@ def test_max_unpool2d_repeated_indices_keep_last_write():
     ref = F.max_unpool2d(vals, idx, 3, 1, output_size=(5, 5))
     out = F.max_unpool2d(vals.to(DEV), idx.to(DEV), 3, 1, output_size=(5, 5))
     assert torch.equal(out.cpu(), ref)
+
+
+def test_compiled_graph_matches_cpu():
+    # torch.compile(backend="tpu"): the graph (decomposed or not) must lower without eager fallback.
+    def f(x: torch.Tensor) -> torch.Tensor:
+        y = F.interpolate(x, scale_factor=2, mode="nearest")
+        z = F.interpolate(x, size=(5, 7), mode="bilinear")
+        return F.avg_pool2d(y, 2).sum() + z.square().sum() + F.adaptive_avg_pool2d(x, (3, 3)).sum()
+
+    torch._dynamo.reset()
+    x = _x(1, 2, 6, 6).float()
+    xc = x.clone().requires_grad_()
+    xt = x.to(DEV).requires_grad_()
+    ref = f(xc)
+    ref.backward()
+    torch_tpu.reset_fallback_stats()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)  # "runs op by op in eager mode" would raise
+        out = torch.compile(f, backend="tpu")(xt)
+        out.backward()
+    _close(out, ref, torch.float32)
+    _close(xt.grad, xc.grad, torch.float32)
+    assert torch_tpu.fallback_stats() == {}
