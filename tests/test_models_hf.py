@@ -26,6 +26,7 @@ from model_harness import (  # noqa: E402
     ModelReport,
     check_model,
     compare_generate,
+    float_tensors,
     forward_outputs,
     max_err,
     module_to,
@@ -172,13 +173,19 @@ def test_model_matches_cpu(name: str) -> None:
     assert rep.host_syncs_per_forward == case.host_syncs, f"expected {case.host_syncs} ({case.why})"
 
     # bfloat16 weights and inputs on both devices. The tpu computes each op in f32 and rounds once,
-    # the CPU rounds at different points, so the bound is a few bf16 ulps of the output scale.
+    # the CPU rounds at different points, so the bound is a few bf16 ulps of the output scale; and
+    # against the float32 CPU outputs the tpu must be about as accurate as CPU bf16 is.
     ref, out, fallbacks = forward_outputs(case.model, case.batch, dtype=torch.bfloat16)
     err, scale = max_err(out, ref)
     assert fallbacks == {}, fallbacks
     assert [t.dtype for t in out] == [t.dtype for t in ref]
     assert err <= 0.05 * scale, (err, scale)
-    rep.extra["bf16_fwd_max_err"], rep.extra["bf16_fwd_max_ref"] = err, scale
+    with torch.no_grad():
+        f32 = float_tensors(case.model.eval()(**case.batch))
+    cpu_vs_f32, tpu_vs_f32 = max_err(ref, f32)[0], max_err(out, f32)[0]
+    assert tpu_vs_f32 <= 2 * cpu_vs_f32 + scale / 256, (tpu_vs_f32, cpu_vs_f32)
+    rep.extra.update(bf16_fwd_max_err=err, bf16_fwd_max_ref=scale, bf16_cpu_vs_f32=cpu_vs_f32,
+                     bf16_tpu_vs_f32=tpu_vs_f32)
     record(rep)
 
 
