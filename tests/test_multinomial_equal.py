@@ -148,3 +148,16 @@ def test_without_replacement_too_many_samples_raises() -> None:
         torch.multinomial(torch.rand(2, 4), 5)
     with pytest.raises(RuntimeError, match="n_sample > prob_dist"):
         torch.multinomial(torch.rand(2, 4, device="tpu"), 5)
+
+
+def test_single_draw_without_replacement_frequencies() -> None:
+    """num_samples=1 (token sampling) takes the race's argmax instead of a sort."""
+    torch.manual_seed(6)
+    w = torch.tensor([0.1, 0.0, 0.3, 0.6, 0.0])
+    s = torch.multinomial(w.to("tpu").expand(20000, 5).contiguous(), 1).cpu()
+    assert s.shape == (20000, 1)
+    counts = torch.bincount(s.flatten(), minlength=5)
+    assert counts[1] == 0 and counts[4] == 0
+    assert _chi2(counts, w) < CHI2_999[2]
+    one = torch.multinomial(torch.tensor([0.0, 2.0, 0.0], device="tpu"), 1)
+    assert one.shape == (1,) and one.item() == 1

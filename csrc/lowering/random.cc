@@ -149,9 +149,9 @@ TPU_LOWER_RANDOM(randperm) {
 // multinomial: each row of `self` holds unnormalized category weights.
 // Without replacement: the exponential race (PyTorch's CPU algorithm): the num_samples largest
 // w_i / E_i with E_i ~ Exp(1), by a stable descending sort; zero-weight categories sort last.
-// With replacement: inverse CDF: the first category whose inclusive prefix sum exceeds
-// u * total and whose weight is positive (so a zero-weight category is never drawn, whatever the
-// prefix sum's rounding), clamped to the last positive category.
+// With replacement: inverse CDF by binary search (O(log n) per sample): the first category whose
+// inclusive prefix sum exceeds u * total, over prefix sums made monotone so that a zero-weight
+// category is never drawn, whatever the sums' rounding.
 // Invalid distributions (negative, non-finite or all-zero weights, or fewer positive weights than
 // samples without replacement) are not diagnosed: PyTorch's CPU kernel raises, which would need a
 // host read of the weights.
@@ -177,30 +177,54 @@ TPU_LOWER_IMPL(multinomial, false, true) {
     Value e = b.neg(b.log(b.sub(b.constant_f(1.0, t, rn), u)));  // Exp(1) in [0, inf)
     Value key = b.select(positive, b.div(w, e), b.constant_f(-1.0, t, rn));
     Value iota = b.iota(Type{ElemType::S64, rn}, 1);
+    if (s == 1) {  // one draw (token sampling): the race's winner, an argmax instead of a sort
+      auto r = b.reduce_multi({key, iota}, {b.constant_f(-2.0, t), b.constant_i(n, ElemType::S64)}, {1},
+                              [&](const std::vector<Value>& a) {
+                                Value gt = b.compare(Cmp::GT, a[0], a[2]);
+                                Value tie = b.and_(b.compare(Cmp::EQ, a[0], a[2]), b.compare(Cmp::LT, a[1], a[3]));
+                                Value left = b.or_(gt, tie);
+                                return std::vector<Value>{b.select(left, a[0], a[2]), b.select(left, a[1], a[3])};
+                              });
+      return {b.convert(b.reshape(r[1], o.shape), o.elem)};
+    }
     auto sorted = b.sort({key, iota}, 1, [&](const std::vector<Value>& a) {
       return b.compare(Cmp::GT, a[0], a[1]);
     });
     idx = b.slice(sorted[1], {0, 0}, {rows, s});
   } else {
-    // Inclusive prefix sum along the categories (Hillis-Steele, log2(n) steps).
-    Value cdf = w;
-    for (int64_t k = 1; k < n; k *= 2) {
-      Value shifted = b.pad(b.slice(cdf, {0, 0}, {rows, n - k}), b.constant_f(0, t), {0, k}, {0, 0});
-      cdf = b.add(cdf, shifted);
+    // Inclusive prefix sums along the categories (Hillis-Steele, log2(n) steps), made monotone
+    // with exact plateaus at zero-weight categories: a running max over the positive
+    // categories' sums (max never rounds). The first category whose value exceeds u * total then
+    // always has positive weight, and a binary search finds it.
+    auto scan = [&](Value x, const char* op, double pad) {
+      for (int64_t k = 1; k < n; k *= 2) {
+        Value shifted = b.pad(b.slice(x, {0, 0}, {rows, n - k}), b.constant_f(pad, t), {0, k}, {0, 0});
+        x = b.binary(op, x, shifted);
+      }
+      return x;
+    };
+    Value cdf = scan(w, "add", 0.0);
+    Value mono = scan(b.select(positive, cdf, b.constant_f(-1.0, t, rn)), "maximum", -1.0);
+    Shape rs{rows, s};
+    Value total = b.broadcast_in_dim(b.reshape(b.slice(mono, {0, n - 1}, {rows, n}), {rows}), rs, {0});
+    Value target = b.mul(uniform01(b, c, t, rs), total);
+    const ElemType I = ElemType::S64;
+    Value row = b.reshape(b.iota(Type{I, rs}, 0), {rows, s, 1});
+    Value lo = b.constant_i(0, I, rs), hi = b.constant_i(n, I, rs);
+    for (int64_t span = n; span > 0; span /= 2) {  // ceil(log2(n + 1)) halvings
+      Value active = b.compare(Cmp::LT, lo, hi);
+      Value mid = b.binary("shift_right_logical", b.add(lo, hi), b.constant_i(1, I, rs));
+      Value at = b.min(mid, b.constant_i(n - 1, I, rs));
+      Value where = b.concatenate({row, b.reshape(at, {rows, s, 1})}, 2);
+      Value v = b.gather(mono, where, {}, {0, 1}, {0, 1}, 2, {1, 1}, rs);
+      Value le = b.compare(Cmp::LE, v, target);
+      lo = b.select(b.and_(active, le), b.add(mid, b.constant_i(1, I, rs)), lo);
+      hi = b.select(b.and_(active, b.not_(le)), mid, hi);
     }
-    Value total = b.slice(cdf, {0, n - 1}, {rows, n});  // [rows, 1]
-    Shape rs{rows, s}, rsn{rows, s, n};
-    Value u = uniform01(b, c, t, rs);
-    Value target = b.mul(u, b.broadcast_in_dim(b.reshape(total, {rows}), rs, {0}));
-    Value above = b.compare(Cmp::GT, b.broadcast_in_dim(cdf, rsn, {0, 2}), b.broadcast_in_dim(target, rsn, {0, 1}));
-    Value cand = b.and_(above, b.broadcast_in_dim(positive, rsn, {0, 2}));
-    Value cat = b.iota(Type{ElemType::S64, rsn}, 2);
-    Value none = b.constant_i(n, ElemType::S64, rsn);
-    Value first = b.reduce(b.select(cand, cat, none), b.constant_i(n, ElemType::S64), {2}, "minimum");
-    Value last_pos = b.reduce(b.select(positive, b.iota(Type{ElemType::S64, rn}, 1), b.constant_i(0, ElemType::S64, rn)),
-                              b.constant_i(0, ElemType::S64), {1}, "maximum");  // [rows]
-    Value fallback = b.broadcast_in_dim(last_pos, rs, {0});
-    idx = b.select(b.compare(Cmp::EQ, first, b.constant_i(n, ElemType::S64, rs)), fallback, first);
+    // u * total can round up to total: then the last positive category.
+    Value last_pos = b.reduce(b.select(positive, b.iota(Type{I, rn}, 1), b.constant_i(0, I, rn)),
+                              b.constant_i(0, I), {1}, "maximum");  // [rows]
+    idx = b.select(b.compare(Cmp::EQ, lo, b.constant_i(n, I, rs)), b.broadcast_in_dim(last_pos, rs, {0}), lo);
   }
   return {b.convert(b.reshape(idx, o.shape), o.elem)};
 }
