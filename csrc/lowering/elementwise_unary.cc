@@ -2,8 +2,11 @@
 // Shared math helpers (erf, expm1, NaN-aware min/max, ...) live in namespace `ew` and are also
 // used by elementwise_binary.cc.
 #include <cmath>
+#include <functional>
 #include <initializer_list>
 #include <limits>
+#include <string>
+#include <vector>
 
 #include "lowering.h"
 
@@ -490,6 +493,155 @@ TPU_LOWER_ELEMENTWISE(heaviside) {
   Value x = in(b, c, "self", t), v = in(b, c, "values", t);
   Value z = b.zeros(x.type);
   return {b.select(eq(b, x, z), v, b.select(gt(b, x, z), k(b, 1, x), z))};
+}
+
+
+// ---------------------------------------------------------------- digamma / polygamma
+// The backward of lgamma/mvlgamma is digamma, of digamma trigamma = polygamma(1), of
+// polygamma(n) polygamma(n + 1). Same algorithms as PyTorch's CPU kernels (ATen Math.h): the
+// recurrence/reflection steps of the scalar loops are unrolled with selects.
+namespace {
+
+Value digamma_impl(Builder& b, Value x) {
+  Value zero = k(b, 0, x), one = k(b, 1, x);
+  Value neg = lt(b, x, zero);
+  Value pole = b.and_(neg, eq(b, x, trunc(b, x)));  // negative integers (and -inf): NaN
+  Value r = b.sub(x, trunc(b, x));                   // modf fraction, for the reflection
+  Value y = b.select(neg, b.sub(one, x), x);
+  Value res = zero;
+  for (int i = 0; i < 10; ++i) {  // push y to >= 10 (y > 0 here)
+    Value m = lt(b, y, k(b, 10, x));
+    res = b.select(m, b.sub(res, b.div(one, y)), res);
+    y = b.select(m, b.add(y, one), y);
+  }
+  Value z = b.div(one, b.mul(y, y));
+  Value tail = b.mul(z, poly(b, z, {8.33333333333333333333E-2, -2.10927960927960927961E-2,
+                                    7.57575757575757575758E-3, -4.16666666666666666667E-3,
+                                    3.96825396825396825397E-3, -8.33333333333333333333E-3,
+                                    8.33333333333333333333E-2}));
+  tail = b.select(lt(b, y, k(b, 1.0e17, x)), tail, zero);
+  Value asym = b.sub(b.sub(b.add(res, b.log(y)), b.div(k(b, 0.5, x), y)), tail);
+  Value at10 = b.add(res, k(b, 2.25175258906672110764, x));  // PSI_10
+  Value base = b.select(eq(b, y, k(b, 10, x)), at10, asym);
+  Value pix = b.mul(k(b, kPi, x), r);
+  Value refl = b.sub(base, b.div(k(b, kPi, x), b.div(b.unary("sine", pix), b.unary("cosine", pix))));
+  Value out = b.select(neg, refl, base);
+  out = b.select(pole, k(b, NAN, x), out);
+  // digamma(+-0) = -+inf
+  Value signed_inf = b.select(signbit(b, x), k(b, INFINITY, x), k(b, -INFINITY, x));
+  return b.select(eq(b, x, zero), signed_inf, out);
+}
+
+Value trigamma_impl(Builder& b, Value x) {
+  Value one = k(b, 1, x);
+  Value refl = lt(b, x, k(b, 0.5, x));
+  Value s = b.unary("sine", b.mul(k(b, kPi, x), x));
+  Value res = b.select(refl, b.neg(b.div(k(b, kPi * kPi, x), b.mul(s, s))), k(b, 0, x));
+  Value y = b.select(refl, b.sub(one, x), x);
+  for (int i = 0; i < 6; ++i) {
+    res = b.add(res, b.div(one, b.mul(y, y)));
+    y = b.add(y, one);
+  }
+  Value ixx = b.div(one, b.mul(y, y));
+  Value series = b.sub(k(b, 1.0 / 30, x), b.mul(ixx, k(b, 1.0 / 42, x)));
+  series = b.sub(k(b, 1.0 / 6, x), b.mul(ixx, series));
+  series = b.add(b.add(one, b.div(one, b.mul(k(b, 2, x), y))), b.mul(ixx, series));
+  res = b.add(res, b.div(series, y));
+  return b.select(refl, b.neg(res), res);
+}
+
+// stablehlo.while: `cond` maps the state to an i1 scalar, `body` to the next state.
+std::vector<Value> while_loop(Builder& b, const std::vector<Value>& init,
+                              const std::function<Value(const std::vector<Value>&)>& cond,
+                              const std::function<std::vector<Value>(const std::vector<Value>&)>& body) {
+  std::vector<Type> types;
+  for (const Value& v : init) types.push_back(v.type);
+  std::string rc = b.region(types, [&](const std::vector<Value>& st) { return std::vector<Value>{cond(st)}; });
+  std::string rb = b.region(types, body);
+  return b.op_multi("while", init, types, "", rc + ", " + rb);
+}
+
+// q^-p for a positive integer p, by repeated products (std::pow's value for integer exponents,
+// also for negative q).
+Value pow_neg_int(Builder& b, Value q, int64_t p) {
+  Value r = q;
+  for (int64_t i = 1; i < p; ++i) r = b.mul(r, q);
+  return b.div(k(b, 1, q), r);
+}
+
+// Hurwitz zeta(p, q) for an integer p >= 2 (Cephes' algorithm as in ATen's zeta, in f64).
+Value zeta_int(Builder& b, int64_t p, Value q) {
+  const double machep = 1.11022302462515654042E-16;
+  const double xs = static_cast<double>(p);
+  const ElemType I = ElemType::S64, P = ElemType::Pred;
+  const Shape& sh = q.shape();
+  std::vector<int64_t> all;
+  for (int64_t i = 0; i < q.rank(); ++i) all.push_back(i);
+  auto active = [&](const std::vector<Value>& st) {  // st: i, a, s, bt, conv
+    Value i_lt = b.compare(Cmp::LT, st[0], b.constant_i(9, I));
+    Value more = b.or_(b.broadcast_in_dim(i_lt, sh, {}), le(b, st[1], k(b, 9, q)));
+    return b.and_(b.not_(st[4]), more);
+  };
+  // q <= 0 integer (and -inf): a pole, +inf; marked converged so the loop skips it.
+  Value pole = b.and_(le(b, q, k(b, 0, q)), eq(b, q, b.floor(q)));
+  std::vector<Value> init{b.constant_i(0, I), q, pow_neg_int(b, q, p), k(b, 0, q), pole};
+  std::vector<Value> st = while_loop(
+      b, init,
+      [&](const std::vector<Value>& s) {
+        return b.reduce(active(s), b.constant_i(0, P), all, "or");
+      },
+      [&](const std::vector<Value>& s) {
+        Value act = active(s);
+        Value a = b.add(s[1], k(b, 1, q));
+        Value bt = pow_neg_int(b, a, p);
+        Value sum = b.add(s[2], bt);
+        Value conv = b.and_(lt(b, b.mul(k(b, -machep, q), sum), bt), lt(b, bt, b.mul(k(b, machep, q), sum)));
+        return std::vector<Value>{b.add(s[0], b.constant_i(1, I)), b.select(act, a, s[1]),
+                                  b.select(act, sum, s[2]), b.select(act, bt, s[3]),
+                                  b.select(act, conv, s[4])};
+      });
+  Value a = st[1], s = st[2], bt = st[3], done = st[4];
+  Value w = a;
+  Value s2 = b.sub(b.add(s, b.div(b.mul(bt, w), k(b, xs - 1, q))), b.mul(k(b, 0.5, q), bt));
+  s = b.select(done, s, s2);
+  static const double A[] = {12.0, -720.0, 30240.0, -1209600.0, 47900160.0, -1.8924375803183791606e9,
+                             7.47242496e10, -2.950130727918164224e12, 1.1646782814350067249e14,
+                             -4.5979787224074726105e15, 1.8152105401943546773e17,
+                             -7.1661652561756670113e18};
+  double aa = 1, kk = 0;
+  for (double ai : A) {
+    aa *= xs + kk;
+    bt = b.div(bt, w);
+    Value t = b.div(b.mul(k(b, aa, q), bt), k(b, ai, q));
+    Value s_new = b.add(s, t);
+    Value small = lt(b, b.abs(b.div(t, s_new)), k(b, machep, q));
+    s = b.select(done, s, s_new);
+    done = b.or_(done, small);
+    kk += 1;
+    aa *= xs + kk;
+    bt = b.div(bt, w);
+    kk += 1;
+  }
+  return b.select(pole, k(b, INFINITY, q), s);
+}
+
+}  // namespace
+
+TPU_LOWER_ELEMENTWISE(digamma) { return {digamma_impl(b, self_f(b, c))}; }
+
+TPU_LOWER_ELEMENTWISE(polygamma) {
+  int64_t n = c.int_("n");
+  Value x = self_f(b, c);
+  if (n == 0) return {digamma_impl(b, x)};
+  if (n == 1) return {trigamma_impl(b, x)};
+  if (n < 0) throw Unsupported("polygamma: n < 0");
+  if (n > 60) throw Unsupported("polygamma: n > 60");
+  // sign * n! * zeta(n + 1, x), in f64 as ATen's CPU kernel accumulates zeta in double
+  double fact = 1;
+  for (int64_t i = 2; i <= n; ++i) fact *= static_cast<double>(i);
+  Value q = b.convert(x, ElemType::F64);
+  Value z = zeta_int(b, n + 1, q);
+  return {b.mul(k(b, (n % 2 ? 1.0 : -1.0) * fact, z), z)};
 }
 
 }  // namespace tpu::lowering

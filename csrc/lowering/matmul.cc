@@ -1,10 +1,15 @@
 // Matrix products: mm, bmm, addmm, baddbmm, addbmm, addmv, addr, mv, dot, vdot.
 // (matmul/outer/linear are CompositeImplicit in ATen and reach us as these ops.)
+// Triangular and LU solves (linalg_solve_triangular, triangular_solve, _cholesky_solve_helper,
+// linalg_lu_solve, lu_unpack): the backward formulas of cholesky/qr/lu/det/solve use them.
 //
 // Float16/bfloat16 products use dot_general with a float32 result (preferred element type)
 // and the runtime converts to the output dtype; integer products accumulate in the integer
 // output type. The `beta`/`alpha` Scalars are runtime operands: beta == 0 ignores `self`
 // (NaN/inf included) like PyTorch, selected at runtime.
+#include <algorithm>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "lowering.h"
@@ -119,6 +124,218 @@ TPU_LOWER(addr) {
   Shape s{v1.shape()[0], v2.shape()[0]};
   Value outer = b.mul(b.broadcast_in_dim(v1, s, {0}), b.broadcast_in_dim(v2, s, {1}));
   return {add_scaled(b, c, outer)};
+}
+
+// ---------------------------------------------------------------- triangular / LU solves
+namespace {
+
+// Float type a linalg op computes in (f16/bf16 -> f32; CPU LAPACK has only f32/f64 anyway).
+ElemType linalg_type(const OpCall& c, size_t out = 0) {
+  ElemType t = out_type(c, out).elem;
+  if (!shlo::is_float(t)) throw Unsupported(c.name + ": non-float dtype");
+  return opmath(t);
+}
+
+Shape batch_of(const Shape& s) { return Shape(s.begin(), s.end() - 2); }
+Shape with_mat(Shape batch, int64_t r, int64_t k) {
+  batch.push_back(r);
+  batch.push_back(k);
+  return batch;
+}
+
+// Swaps the last two dims.
+Value mT(Builder& b, Value x) {
+  std::vector<int64_t> perm;
+  for (int64_t i = 0; i < x.rank(); ++i) perm.push_back(i);
+  std::swap(perm[x.rank() - 1], perm[x.rank() - 2]);
+  return b.transpose(x, perm);
+}
+
+// stablehlo.triangular_solve: op(a) x = rhs (left) or x op(a) = rhs; a [..., n, n] and rhs
+// share their batch dims. Only the `lower` triangle of a (or the upper one) is read.
+Value tri_solve(Builder& b, Value a, Value rhs, bool left, bool lower, bool unit, bool transpose) {
+  std::string attrs = std::string("left_side = ") + (left ? "true" : "false") +
+                      ", lower = " + (lower ? "true" : "false") +
+                      ", unit_diagonal = " + (unit ? "true" : "false") +
+                      ", transpose_a = #stablehlo<transpose " + (transpose ? "TRANSPOSE" : "NO_TRANSPOSE") +
+                      ">";
+  return b.op("triangular_solve", {a, rhs}, rhs.type, attrs);
+}
+
+bool empty(const Shape& s) {
+  for (int64_t d : s)
+    if (d == 0) return true;
+  return false;
+}
+
+// The row permutation of LAPACK pivots (1-based, applied as sequential row swaps i <-> piv[i]-1
+// for i < k) as an s64 vector [..., m]: perm[r] is the row of A that lands in row r of P^T A.
+Value pivots_to_perm(Builder& b, Value piv, const Shape& batch, int64_t m) {
+  int64_t k = piv.shape().back();
+  if (k > 512) throw Unsupported("LU pivots: more than 512 row swaps (unrolled program too large)");
+  const ElemType I = ElemType::S64;
+  Shape s = batch;
+  s.push_back(m);
+  std::vector<int64_t> bdims;
+  for (size_t i = 0; i < batch.size(); ++i) bdims.push_back(static_cast<int64_t>(i));
+  Value iota = b.iota(Type{I, s}, static_cast<int64_t>(batch.size()));
+  Value perm = iota;
+  Shape pb = batch;
+  pb.push_back(k);
+  piv = b.broadcast_to(b.convert(piv, I), pb);
+  const int64_t last = static_cast<int64_t>(batch.size());
+  for (int64_t i = 0; i < k; ++i) {
+    Shape st(pb.size(), 0), lim = pb;
+    st[last] = i;
+    lim[last] = i + 1;
+    Value p = b.sub(b.reshape(b.slice(piv, st, lim), batch), b.constant_i(1, I, batch));  // [...]
+    Value pb_ = b.broadcast_in_dim(p, s, bdims);
+    Value at_p = b.compare(Cmp::EQ, iota, pb_);
+    Value at_i = b.compare(Cmp::EQ, iota, b.constant_i(i, I, s));
+    Value perm_p = b.reduce(b.select(at_p, perm, b.zeros(Type{I, s})), b.constant_i(0, I), {last}, "add");
+    Shape ps(s.size(), 0), pl = s;
+    ps[last] = i;
+    pl[last] = i + 1;
+    Value perm_i = b.reshape(b.slice(perm, ps, pl), batch);
+    perm = b.select(at_i, b.broadcast_in_dim(perm_p, s, bdims),
+                    b.select(at_p, b.broadcast_in_dim(perm_i, s, bdims), perm));
+  }
+  return perm;
+}
+
+// (P^T x)[r] = x[perm[r]] (inverse = false) or (P x)[perm[r]] = x[r] (inverse = true), rows of
+// x [..., m, k]. Selects (not a one-hot product), so infinities and NaNs stay where they were.
+Value permute_rows(Builder& b, Value x, Value perm, bool inverse) {
+  const Shape& xs = x.shape();
+  int64_t r = x.rank();
+  int64_t m = xs[r - 2];
+  Shape big = batch_of(xs);
+  big.push_back(m);
+  big.push_back(m);
+  big.push_back(xs[r - 1]);
+  // big[..., row, j, k]: eq = (perm[row] == j). P^T x: out[row] = sum_j eq x[j] (x on j, reduce j);
+  // P x: out[j] = sum_row eq x[row] (x on row, reduce row).
+  std::vector<int64_t> pd;
+  for (int64_t i = 0; i < r - 2; ++i) pd.push_back(i);
+  pd.push_back(r - 2);
+  Value iota_j = b.iota(Type{ElemType::S64, big}, r - 1);
+  Value eq = b.compare(Cmp::EQ, b.broadcast_in_dim(perm, big, pd), iota_j);
+  std::vector<int64_t> xd;
+  for (int64_t i = 0; i < r - 2; ++i) xd.push_back(i);
+  xd.push_back(inverse ? r - 2 : r - 1);
+  xd.push_back(r);
+  Value xb = b.broadcast_in_dim(x, big, xd);
+  Value picked = b.select(eq, xb, b.zeros(Type{x.elem(), big}));
+  return b.reduce(picked, b.constant_f(0, x.elem()), {inverse ? r - 2 : r - 1}, "add");
+}
+
+}  // namespace
+
+TPU_LOWER(linalg_solve_triangular) {
+  const Type& o = out_type(c);
+  ElemType t = linalg_type(c);
+  if (empty(o.shape)) return {b.zeros(Type{t, o.shape})};
+  bool left = c.bool_("left", true), upper = c.bool_("upper");
+  int64_t n = left ? o.shape[o.rank() - 2] : o.shape.back();
+  Value a = b.broadcast_to(b.convert(c.tensor("self"), t), with_mat(batch_of(o.shape), n, n));
+  Value rhs = b.broadcast_to(b.convert(c.tensor("B"), t), o.shape);
+  return {tri_solve(b, a, rhs, left, !upper, c.bool_("unitriangular"), false)};
+}
+
+TPU_LOWER(triangular_solve) {  // solves op(A) X = self; also returns A (broadcast)
+  const Type& o = out_type(c, 0);
+  ElemType t = linalg_type(c);
+  Value a = b.broadcast_to(b.convert(c.tensor("A"), t), out_type(c, 1).shape);
+  if (empty(o.shape)) return {b.zeros(Type{t, o.shape}), a};
+  int64_t n = o.shape[o.rank() - 2];
+  Value a_b = b.broadcast_to(a, with_mat(batch_of(o.shape), n, n));
+  Value rhs = b.broadcast_to(b.convert(c.tensor("self"), t), o.shape);
+  return {tri_solve(b, a_b, rhs, true, !c.bool_("upper", true), c.bool_("unitriangular"),
+                    c.bool_("transpose")),
+          a};
+}
+
+TPU_LOWER(_cholesky_solve_helper) {  // A = L L^T (or U^T U): two triangular solves
+  const Type& o = out_type(c);
+  ElemType t = linalg_type(c);
+  if (empty(o.shape)) return {b.zeros(Type{t, o.shape})};
+  int64_t n = o.shape[o.rank() - 2];
+  Value a = b.broadcast_to(b.convert(c.tensor("A"), t), with_mat(batch_of(o.shape), n, n));
+  Value rhs = b.broadcast_to(b.convert(c.tensor("self"), t), o.shape);
+  bool upper = c.bool_("upper");
+  // lower: L Y = B, L^T X = Y.  upper: U^T Y = B, U X = Y.
+  Value y = tri_solve(b, a, rhs, true, !upper, false, upper);
+  return {tri_solve(b, a, y, true, !upper, false, !upper)};
+}
+
+TPU_LOWER(linalg_lu_solve) {
+  const Type& o = out_type(c);
+  ElemType t = linalg_type(c);
+  if (empty(o.shape)) return {b.zeros(Type{t, o.shape})};
+  bool left = c.bool_("left", true), adjoint = c.bool_("adjoint");
+  Value rhs = b.broadcast_to(b.convert(c.tensor("B"), t), o.shape);
+  if (!left) {  // X A = B  <=>  A^T X^T = B^T (reals)
+    rhs = mT(b, rhs);
+    adjoint = !adjoint;
+  }
+  const Shape& rs = rhs.shape();
+  int64_t n = rs[rs.size() - 2];
+  Shape batch = batch_of(rs);
+  Value lu = b.broadcast_to(b.convert(c.tensor("LU"), t), with_mat(batch, n, n));
+  Value perm = pivots_to_perm(b, c.tensor("pivots"), batch, n);
+  Value x;
+  if (!adjoint) {  // A = P L U: X = U^-1 L^-1 P^T B
+    Value y = tri_solve(b, lu, permute_rows(b, rhs, perm, false), true, true, true, false);
+    x = tri_solve(b, lu, y, true, false, false, false);
+  } else {  // A^T = U^T L^T P^T: X = P L^-T U^-T B
+    Value y = tri_solve(b, lu, rhs, true, false, false, true);
+    y = tri_solve(b, lu, y, true, true, true, true);
+    x = permute_rows(b, y, perm, true);
+  }
+  return {left ? x : mT(b, x)};
+}
+
+TPU_LOWER(lu_unpack) {  // (P, L, U) with A = P L U from LU data [..., m, n] and pivots [..., k]
+  ElemType t = linalg_type(c);
+  const Type &po = out_type(c, 0), &lo = out_type(c, 1), &uo = out_type(c, 2);
+  Value lu = b.convert(c.tensor("LU_data"), t);
+  const Shape& s = lu.shape();
+  int64_t r = lu.rank(), m = s[r - 2], n = s[r - 1], k = std::min(m, n);
+  Shape batch = batch_of(s);
+  Value P = b.zeros(Type{t, po.shape}), L = b.zeros(Type{t, lo.shape}), U = b.zeros(Type{t, uo.shape});
+  if (!empty(lo.shape) || !empty(uo.shape)) {
+    auto rows = [&](const Shape& sh) { return b.iota(Type{ElemType::S64, sh}, r - 2); };
+    auto cols = [&](const Shape& sh) { return b.iota(Type{ElemType::S64, sh}, r - 1); };
+    if (!empty(lo.shape)) {
+      Shape ls = with_mat(batch, m, k);
+      Shape st(r, 0), lim = ls;
+      Value part = b.slice(lu, st, lim);
+      Value i = rows(ls), j = cols(ls);
+      Value one = b.constant_f(1, t, ls);
+      L = b.select(b.compare(Cmp::GT, i, j), part,
+                   b.select(b.compare(Cmp::EQ, i, j), one, b.zeros(Type{t, ls})));
+    }
+    if (!empty(uo.shape)) {
+      Shape us = with_mat(batch, k, n);
+      Shape st(r, 0), lim = us;
+      Value part = b.slice(lu, st, lim);
+      U = b.select(b.compare(Cmp::LE, rows(us), cols(us)), part, b.zeros(Type{t, us}));
+    }
+  }
+  if (!empty(po.shape)) {
+    Value piv = c.tensor("LU_pivots");
+    Shape pbatch = batch_of(po.shape);
+    Value perm = pivots_to_perm(b, piv, pbatch, m);  // [..., m]
+    Shape ps = with_mat(pbatch, m, m);
+    std::vector<int64_t> pd;
+    for (size_t i = 0; i < pbatch.size(); ++i) pd.push_back(static_cast<int64_t>(i));
+    pd.push_back(static_cast<int64_t>(pbatch.size()) + 1);  // perm[r] along the column dim
+    Value j = b.iota(Type{ElemType::S64, ps}, static_cast<int64_t>(pbatch.size()));
+    // P[j, r] = (perm[r] == j)
+    Value eq = b.compare(Cmp::EQ, b.broadcast_in_dim(perm, ps, pd), j);
+    P = b.select(eq, b.constant_f(1, t, ps), b.zeros(Type{t, ps}));
+  }
+  return {P, L, U};
 }
 
 }  // namespace tpu::lowering
