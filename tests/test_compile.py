@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+from typing import Any
 
 import pytest
 import torch
@@ -255,3 +256,109 @@ def test_automatic_dynamic_shapes_specialize_per_shape() -> None:
         for n in (2, 3, 5):
             x = torch.randn(n, 4, 3, 3)
             torch.testing.assert_close(cm(x.to("tpu")).cpu(), m(x), atol=1e-5, rtol=1e-5)
+
+
+# ---- fused SDPA in compiled graphs (and random ops reading the generator state)
+
+
+def _fx_ops(monkeypatch: pytest.MonkeyPatch) -> list[list[str]]:
+    """Records the ATen ops of every FX graph the backend describes (one list per graph)."""
+    from torch_tpu._internal import compile as tpu_compile
+
+    graphs: list[list[str]] = []
+    describe = tpu_compile._Describer.describe
+
+    def record(self: tpu_compile._Describer) -> Any:
+        graphs.append([str(n.target) for n in self.gm.graph.nodes if n.op == "call_function"])
+        return describe(self)
+
+    monkeypatch.setattr(tpu_compile._Describer, "describe", record)
+    return graphs
+
+
+_FUSED = "aten._scaled_dot_product_fused_attention_overrideable.default"
+_FUSED_BW = "aten._scaled_dot_product_fused_attention_overrideable_backward.default"
+
+
+def _sdpa_fwd_bwd(fn: Any, cpu_inputs: list[torch.Tensor]) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    ins = [x.detach().to("tpu").requires_grad_(x.requires_grad) for x in cpu_inputs]
+    out = fn(*ins)
+    (out * torch.linspace(-1, 1, out.shape[-1], device=out.device)).square().sum().backward()
+    return out.detach().cpu(), [x.grad.cpu() if x.requires_grad else None for x in ins]
+
+
+@pytest.mark.parametrize("case", ["causal_gqa", "float_mask", "bool_mask_3d"])
+def test_compiled_sdpa_uses_fused_op_and_matches_cpu(case: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    F = torch.nn.functional  # noqa: N806
+    torch.manual_seed(0)
+    if case == "causal_gqa":
+        shapes, mask = [(2, 4, 5, 8), (2, 2, 7, 8), (2, 2, 7, 8)], None
+    elif case == "float_mask":
+        shapes, mask = [(2, 2, 5, 8), (2, 2, 7, 8), (2, 2, 7, 6)], torch.randn(2, 1, 5, 7)
+    else:
+        shapes, mask = [(3, 5, 8), (3, 7, 8), (3, 7, 8)], torch.rand(5, 7) > 0.3
+    qkv = [torch.randn(s, requires_grad=True) for s in shapes]
+    inputs = qkv + ([mask.requires_grad_(mask.is_floating_point())] if mask is not None else [])
+
+    def f(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, m: torch.Tensor | None = None) -> torch.Tensor:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=m, is_causal=case == "causal_gqa",
+                                              enable_gqa=case == "causal_gqa")
+
+    ref = f(*inputs)
+    (ref * torch.linspace(-1, 1, ref.shape[-1])).square().sum().backward()
+    graphs = _fx_ops(monkeypatch)
+    with _no_eager_fallback_warning():
+        out, grads = _sdpa_fwd_bwd(torch.compile(f, backend="tpu"), inputs)
+    torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
+    for g, x in zip(grads, inputs, strict=True):
+        if x.requires_grad:
+            torch.testing.assert_close(g, x.grad, atol=1e-5, rtol=1e-4)
+    # One forward and one backward graph, each with the fused op and no math decomposition.
+    assert len(graphs) == 2, graphs
+    assert _FUSED in graphs[0] and _FUSED_BW in graphs[1], graphs
+    assert not any("_softmax" in op for g in graphs for op in g), graphs
+    assert torch_tpu.fallback_stats() == {}
+
+
+def test_compiled_sdpa_dropout_draws_like_eager(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Dropout inside the fused op: the graph reads the generator state at each run, so the same
+    # seed gives eager's exact mask (forward and backward), and each call draws a new one.
+    F = torch.nn.functional  # noqa: N806
+    torch.manual_seed(0)
+    inputs = [torch.randn(s, requires_grad=True) for s in [(2, 4, 6, 8), (2, 2, 7, 8), (2, 2, 7, 8)]]
+
+    def f(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        return F.scaled_dot_product_attention(q, k, v, dropout_p=0.5, enable_gqa=True)
+
+    graphs = _fx_ops(monkeypatch)
+    cf = torch.compile(f, backend="tpu")
+    with _no_eager_fallback_warning():
+        torch.tpu.manual_seed(3)  # type: ignore[attr-defined]
+        out, grads = _sdpa_fwd_bwd(cf, inputs)
+        again, _ = _sdpa_fwd_bwd(cf, inputs)
+    assert _FUSED in graphs[0] and _FUSED_BW in graphs[1], graphs
+    torch.tpu.manual_seed(3)  # type: ignore[attr-defined]
+    eager, eager_grads = _sdpa_fwd_bwd(f, inputs)
+    torch.testing.assert_close(out, eager, atol=1e-6, rtol=1e-6)
+    for g, e in zip(grads, eager_grads, strict=True):
+        torch.testing.assert_close(g, e, atol=1e-5, rtol=1e-5)
+    assert not torch.equal(out, again)
+    # Without dropout the result differs: some attention weights were dropped (and others scaled).
+    assert not torch.allclose(out, f(*inputs).detach(), atol=1e-3)
+
+
+def test_compiled_dropout_module_training() -> None:
+    # nn.Dropout in a compiled training graph runs in the program (no op-by-op fallback), with
+    # the generator state eager would use.
+    m = torch.nn.Sequential(torch.nn.Linear(8, 64), torch.nn.Dropout(0.5)).to("tpu")
+    x = torch.randn(4, 8, device="tpu")
+    cm = torch.compile(m, backend="tpu")
+    with _no_eager_fallback_warning():
+        torch.tpu.manual_seed(1)  # type: ignore[attr-defined]
+        y = cm(x)
+        y.sum().backward()
+    torch.tpu.manual_seed(1)  # type: ignore[attr-defined]
+    ref = m(x)
+    torch.testing.assert_close(y.detach().cpu(), ref.detach().cpu(), atol=1e-6, rtol=1e-6)
+    zeros = (y.detach().cpu() == 0).float().mean().item()
+    assert 0.35 < zeros < 0.65

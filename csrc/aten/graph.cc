@@ -15,6 +15,7 @@
 
 #include "common.h"
 #include "execute.h"
+#include "generator.h"
 #include "lowering/lowering.h"
 #include "runtime/compile_cache.h"
 #include "runtime/context.h"
@@ -66,7 +67,7 @@ c10::ScalarType common_dtype(const GNode& node, const std::unordered_map<int64_t
     any = true;
   };
   for (const GArg& a : node.args) {
-    if (a.name == "out") continue;
+    if (a.name == "out" || a.name == "generator") continue;
     switch (a.kind) {
       case GArg::Kind::Ref: add_tensor(vals.at(a.ints[0])); break;
       case GArg::Kind::ScalarRef: {
@@ -181,7 +182,7 @@ int64_t build_graph(const GraphDesc& desc) {
 
 namespace {
 
-std::vector<at::Tensor> run_graph(int64_t id, at::TensorList inputs) {
+std::vector<at::Tensor> run_graph(int64_t id, at::TensorList given) {
   fused_flush();  // inputs may have pending fused values
   std::shared_ptr<Graph> g;
   {
@@ -190,12 +191,26 @@ std::vector<at::Tensor> run_graph(int64_t id, at::TensorList inputs) {
     g = graphs()[id];
   }
   const GraphDesc& d = g->desc;
-  TORCH_CHECK(inputs.size() == d.inputs.size(), "torch_tpu: graph expects ", d.inputs.size(),
-              " inputs, got ", inputs.size());
+  TORCH_CHECK(given.size() + d.rng.size() == d.inputs.size(), "torch_tpu: graph expects ",
+              d.inputs.size() - d.rng.size(), " inputs, got ", given.size());
   int device = -1;
-  for (const at::Tensor& t : inputs)
+  for (const at::Tensor& t : given)
     if (t.device().type() == kTpu) { device = t.device().index(); break; }
   if (device < 0) device = 0;
+  // Random ops' generator states, drawn in graph order as eager draws them op by op.
+  std::vector<at::Tensor> inputs(given.begin(), given.end());
+  if (!d.rng.empty()) {
+    at::Generator gen = default_generator(static_cast<c10::DeviceIndex>(device));
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    for (const auto& [input, increment] : d.rng) {
+      TORCH_CHECK(input == static_cast<int64_t>(inputs.size()), "torch_tpu: generator inputs come last");
+      auto [seed, offset] = gen.get<TpuGenerator>()->next(static_cast<uint64_t>(increment));
+      at::Tensor s = at::empty({2}, at::TensorOptions().dtype(at::kUInt64));
+      s.data_ptr<uint64_t>()[0] = seed;
+      s.data_ptr<uint64_t>()[1] = offset;
+      inputs.push_back(s);
+    }
+  }
   auto& ctx = runtime::Context::get();
   std::vector<at::Tensor> staged;  // keeps copies alive through the launch
   std::vector<pjrt::BufferPtr> keep;
@@ -206,10 +221,10 @@ std::vector<at::Tensor> run_graph(int64_t id, at::TensorList inputs) {
     at::Tensor t = inputs[i];
     ElemType e = elem_of(static_cast<c10::ScalarType>(d.inputs[i].dtype));
     if (t.device().type() != kTpu) {
-      TORCH_CHECK(t.dim() == 0, "torch_tpu: compiled graph input ", i, " is on ", t.device(),
-                  "; move it to tpu");
-      at::Tensor h = t.to(scalar_of(e));
-      keep.push_back(ctx.client().from_host(h.data_ptr(), pjrt_of(e), {}, ctx.device(device)));
+      TORCH_CHECK(t.dim() == 0 || i >= given.size(), "torch_tpu: compiled graph input ", i, " is on ",
+                  t.device(), "; move it to tpu");
+      at::Tensor h = t.to(scalar_of(e)).contiguous();
+      keep.push_back(ctx.client().from_host(h.data_ptr(), pjrt_of(e), h.sizes().vec(), ctx.device(device)));
       args.push_back(keep.back()->raw());
       non_donatable.push_back(static_cast<int64_t>(i));
       continue;

@@ -38,6 +38,10 @@ struct GraphDesc {
   std::vector<int64_t> outputs;   // value id per graph output that the program produces
   std::vector<GType> output_types;  // sizes + strides for each
   std::vector<std::pair<int64_t, int64_t>> mutations;  // (input index, value id written)
+  // (input index, Philox counters consumed) per random op: inputs that run_graph fills with the
+  // device generator's state (u64[2] = seed, offset), advancing it as eager random ops do. They
+  // are the last inputs; callers pass the others.
+  std::vector<std::pair<int64_t, int64_t>> rng;
   std::string name;
 };
 

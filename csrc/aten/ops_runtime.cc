@@ -137,23 +137,22 @@ int64_t fused_sdp_choice(const at::Tensor& q, const at::Tensor& k, const at::Ten
                          std::optional<double>, bool enable_gqa) {
   constexpr auto math = static_cast<int64_t>(at::SDPBackend::math);
   if (!at::globalContext().userEnabledOverrideableSDP()) return math;
-  // Traced calls (torch.compile's fake/functional tensors) keep the math decomposition: the
-  // whole graph becomes one XLA program that fuses it, and graphs with the fused op's random
-  // tag would otherwise run op by op.
+  // Traced calls (torch.compile's fake/functional tensors) answer the same: compiled graphs
+  // lower the fused op through the same table (compile.py accepts it without dropout).
   for (const at::Tensor* t : {&q, &k, &v}) {
-    if (!t->defined() || t->device().type() != kTpu || t->is_nested() ||
-        t->key_set().has(c10::DispatchKey::Python))
-      return math;
+    if (!t->defined() || t->device().type() != kTpu || t->is_nested()) return math;
   }
   auto dt = q.scalar_type();
   bool float_type = dt == at::kFloat || dt == at::kBFloat16 || dt == at::kHalf || dt == at::kDouble;
   if (!float_type || k.scalar_type() != dt || v.scalar_type() != dt) return math;
+  // Symbolic sizes (dynamic shapes) are specialized: compiled programs are per concrete shape.
+  auto size = [](const at::Tensor& t, int64_t d) { return t.sym_size(d).guard_int(__FILE__, __LINE__); };
   int64_t r = q.dim();
   if ((r != 3 && r != 4) || k.dim() != r || v.dim() != r) return math;
-  if (r == 4 && (k.size(0) != q.size(0) || v.size(0) != q.size(0))) return math;
-  int64_t hq = q.size(-3), hk = k.size(-3), L = q.size(-2), S = k.size(-2);
-  if (v.size(-3) != hk || v.size(-2) != S || k.size(-1) != q.size(-1)) return math;
-  if (L == 0 || S == 0 || q.size(-1) == 0 || v.size(-1) == 0 || hk == 0) return math;
+  if (r == 4 && (size(k, 0) != size(q, 0) || size(v, 0) != size(q, 0))) return math;
+  int64_t hq = size(q, -3), hk = size(k, -3), L = size(q, -2), S = size(k, -2);
+  if (size(v, -3) != hk || size(v, -2) != S || size(k, -1) != size(q, -1)) return math;
+  if (L == 0 || S == 0 || size(q, -1) == 0 || size(v, -1) == 0 || hk == 0) return math;
   if (hq != hk && !(enable_gqa && hq % hk == 0)) return math;
   if (!(dropout_p >= 0 && dropout_p < 1)) return math;
   if (mask.has_value() && mask->defined()) {
@@ -162,8 +161,8 @@ int64_t fused_sdp_choice(const at::Tensor& q, const at::Tensor& k, const at::Ten
     if (m.scalar_type() != at::kBool && m.scalar_type() != dt) return math;
     if (m.dim() > r) return math;
     for (int64_t i = 1; i <= m.dim(); ++i) {  // broadcastable to [.., Hq, L, S]
-      int64_t want = i == 1 ? S : i == 2 ? L : i == 3 ? hq : q.size(0);
-      if (m.size(-i) != 1 && m.size(-i) != want) return math;
+      int64_t want = i == 1 ? S : i == 2 ? L : i == 3 ? hq : size(q, 0);
+      if (size(m, -i) != 1 && size(m, -i) != want) return math;
     }
   }
   return static_cast<int64_t>(at::SDPBackend::overrideable);

@@ -65,6 +65,7 @@ tpu::aten::GraphDesc graph_desc(const py::dict& d) {
   g.outputs = d["outputs"].cast<std::vector<int64_t>>();
   for (auto t : d["output_types"].cast<py::list>()) g.output_types.push_back(gtype(t.cast<py::tuple>()));
   g.mutations = d["mutations"].cast<std::vector<std::pair<int64_t, int64_t>>>();
+  if (d.contains("rng")) g.rng = d["rng"].cast<std::vector<std::pair<int64_t, int64_t>>>();
   return g;
 }
 

@@ -3,8 +3,9 @@
 Each FX graph (forward, and backward when training) is described with plain values and lowered
 in C++ through the same lowering table eager uses, compiled once (memory + disk cache), and run
 by the `torch_tpu::run_graph` op. Input mutations (aot's trailing `copy_`) are written back
-through the storage write path with donation. Graphs with ops that have no lowering, or that
-draw random numbers, run op by op in eager mode instead (correct, warned once).
+through the storage write path with donation. Random ops read the device generator's state
+from extra inputs that run_graph fills per run (advanced as eager advances it). Graphs with ops
+that have no lowering run op by op in eager mode instead (correct, warned once).
 """
 
 from __future__ import annotations
@@ -56,6 +57,34 @@ def _is_number_type(arg: torch._C.Argument) -> bool:
     return isinstance(t, torch._C.NumberType)
 
 
+_NUMBERS = (int, float, bool, torch.SymInt, torch.SymFloat, torch.SymBool)
+
+
+def _draws_random(op: torch._ops.OpOverload, args: Sequence[Any], kwargs: dict[str, Any]) -> bool:
+    """Whether a call of an op tagged random consumes random numbers: attention with dropout_p == 0
+    is deterministic (its lowering reads no generator state)."""
+    bound = {a.name: v for a, v in _bind(op, args, kwargs)}
+    if op._schema.name.startswith("aten::_scaled_dot_product_") and "dropout_p" in bound:
+        p = bound["dropout_p"]
+        return not (isinstance(p, (int, float)) and float(p) == 0.0)
+    return True
+
+
+def _rng_increment(n: torch.fx.Node) -> int:
+    """Philox counters a random op consumes, as eager counts them (csrc/aten/execute.cc): the
+    largest element count of its outputs and tensor inputs, plus one."""
+    numel = 1
+    vals: list[Any] = [n.meta.get("val")]
+    vals += [a.meta.get("val") for a in n.all_input_nodes]
+    while vals:
+        v = vals.pop()
+        if isinstance(v, (list, tuple)):
+            vals.extend(v)
+        elif isinstance(v, torch.Tensor):
+            numel = max(numel, int(v.numel()))
+    return numel + 1
+
+
 def _bind(op: torch._ops.OpOverload, args: Sequence[Any], kwargs: dict[str, Any]) -> list[tuple[torch._C.Argument, Any]]:
     out = []
     for i, a in enumerate(op._schema.arguments):
@@ -79,6 +108,7 @@ class _Describer:
         self.placeholders: list[torch.fx.Node] = []
         self.constants: list[torch.Tensor] = []
         self.sym: dict[torch.fx.Node, Any] = {}  # size arithmetic, specialized to its value
+        self.rng: dict[torch.fx.Node, int] = {}  # random op -> its generator-state input
 
     def new_id(self) -> int:
         self.next_id += 1
@@ -154,21 +184,29 @@ class _Describer:
                 inputs.append(_tensor_type(t))
                 self.ids[n] = self.new_id()
                 self.constants.append(t)
+        # Random ops read the device generator's state (u64[2]) from inputs after those, which
+        # run_graph fills at each run, advancing the generator by what eager would consume.
+        rng = []
+        for n in self.gm.graph.nodes:
+            if n.op == "call_function" and isinstance(n.target, torch._ops.OpOverload) and \
+                    torch.Tag.nondeterministic_seeded in n.target.tags and _draws_random(n.target, n.args, n.kwargs):
+                self.rng[n] = self.new_id()
+                inputs.append((_dtype(torch.uint64), [2]))
+                rng.append((self.rng[n], _rng_increment(n)))
         for n in self.gm.graph.nodes:
             if n.op != "call_function":
+                continue
+            val = n.meta.get("val")
+            if isinstance(val, _NUMBERS):
+                # sym_size, operator.mul on sizes, ..., and int returns of ops (SDPA's max_q)
+                self.sym[n] = self._concrete(val)
                 continue
             if n.target is operator.getitem and n.args[0] not in self.sym:
                 self.ids[n] = self.ids[n.args[0]][n.args[1]]
                 continue
-            val = n.meta.get("val")
-            if isinstance(val, (int, float, bool, torch.SymInt, torch.SymFloat, torch.SymBool)):
-                self.sym[n] = self._concrete(val)  # sym_size, operator.mul on sizes, ...
-                continue
             op = n.target
             if not isinstance(op, torch._ops.OpOverload):
                 raise Unsupported(f"call to {op}")
-            if torch.Tag.nondeterministic_seeded in op.tags:
-                raise Unsupported(f"random op {op}")
             if op is torch.ops.aten.copy_.default and n.args[0] in self.placeholders:
                 mutations.append((self.placeholders.index(n.args[0]), self.ref(n.args[1])))
                 self.ids[n] = self.ref(n.args[1])
@@ -185,12 +223,24 @@ class _Describer:
             base = op._schema.name[len("aten::"):]
             if base.endswith("_") and not base.startswith("__"):
                 raise Unsupported(f"in-place op {op} in a functional graph")
-            args = [self.arg(a, v) for a, v in _bind(op, n.args, n.kwargs)]
+            bound = _bind(op, n.args, n.kwargs)
+            if n in self.rng:
+                if any(a.name == "generator" and v is not None for a, v in bound):
+                    raise Unsupported(f"random op {op} with an explicit generator")
+                bound = [(a, v) for a, v in bound if a.name != "generator"]
+            args = [self.arg(a, v) for a, v in bound]
+            if n in self.rng:
+                args.append(("generator", K_REF, 0, 0.0, "", [self.rng[n]]))
             val = n.meta.get("val")
             vals = list(val) if isinstance(val, (list, tuple)) else [val]
             out_ids, out_types = [], []
             nested: list[Any] = []  # ids as the value nests them (functional _fused_adamw: lists of lists)
             for v in vals:
+                if isinstance(v, _NUMBERS):
+                    # An int/SymInt return (SDPA's max_q/max_k): lowerings return tensors only
+                    # (as in eager); uses read the value from the meta (getitem above).
+                    nested.append(None)
+                    continue
                 group = list(v) if isinstance(v, (list, tuple)) else [v]
                 ids = []
                 for e in group:
@@ -205,6 +255,8 @@ class _Describer:
         for o in out_node.args[0]:
             if isinstance(o, torch.fx.Node) and o in self.placeholders:
                 spec.append(("input", self.placeholders.index(o)))
+            elif isinstance(o, torch.fx.Node) and o in self.sym:
+                spec.append(("const", self.sym[o]))  # a size (specialized), e.g. saved for backward
             elif isinstance(o, torch.fx.Node):
                 v = o.meta.get("val")
                 if not isinstance(v, torch.Tensor):
@@ -215,7 +267,7 @@ class _Describer:
             else:
                 spec.append(("const", o))
         desc = {"name": self.name, "inputs": inputs, "nodes": nodes, "outputs": outputs,
-                "output_types": output_types, "mutations": mutations}
+                "output_types": output_types, "mutations": mutations, "rng": rng}
         return desc, spec, self.constants
 
 
