@@ -24,6 +24,7 @@
 // Selects, never masked multiplies: a NaN/inf in one expert's weights never leaks into rows
 // routed elsewhere (0 * inf = NaN). float16/bfloat16 accumulate in float32 like mm; the
 // runtime converts back.
+#include <algorithm>
 #include <vector>
 
 #include "lowering.h"
@@ -86,6 +87,7 @@ struct Tiling {
   Value tile;   // [P] s64, the pair's tile (clamped)
   Value group;  // [P] s64, the pair's group (clamped)
   Value rows;   // [P, T] pred: row j of the pair's tile belongs to the pair's group (and is real)
+  Value first_pair, pair_count;  // [nt] s64: tile i owns pairs first_pair[i] .. + pair_count[i] - 1
 };
 
 int64_t tile_size(int64_t len, int64_t g) {
@@ -140,6 +142,8 @@ Tiling make_tiling(Builder& b, Value offs, int64_t len) {
   tl.tile = tile;
   tl.group = group;
   tl.rows = rows;
+  tl.first_pair = start;
+  tl.pair_count = cnt;
   return tl;
 }
 
@@ -152,7 +156,7 @@ Value at(Builder& b, Value v, int64_t q) { return b.reshape(b.slice(v, {q}, {q +
 // slices. Operands are widened to the compute type first (XLA:CPU's dot thunk has no
 // bf16 x bf16 -> f32 form; bf16 products are exact in f32 anyway).
 Value rows_tiled(Builder& b, Value a, Value w, Value offs, ElemType t) {
-  const int64_t m = a.shape()[0], k = a.shape()[1], n = w.shape()[2];
+  const int64_t m = a.shape()[0], k = a.shape()[1], n = w.shape()[2], g = offs.shape()[0];
   Tiling tl = make_tiling(b, offs, m);
   const int64_t mp = tl.nt * tl.t, tt = tl.t;
   if (mp > m) a = b.pad(a, b.constant_i(0, a.elem()), {0, 0}, {mp - m, 0});
@@ -167,13 +171,20 @@ Value rows_tiled(Builder& b, Value a, Value w, Value offs, ElemType t) {
   }
   Value y = b.concatenate(ys, 0);  // [P, T, N]
   y = b.select(b.broadcast_in_dim(tl.rows, y.shape(), {0, 1}), y, b.zeros(y.type));
-  // Tile i sums its pairs' rows (each row is non-zero in exactly one pair). A select-sum rather
-  // than a one-hot product, so a NaN stays in its own row.
-  const Shape big{tl.nt, tl.p, tt, n};
-  Value sel = b.compare(Cmp::EQ, b.broadcast_in_dim(tl.tile, big, {1}), b.iota(Type{I64, big}, 0));
-  Value yb = b.broadcast_in_dim(y, big, {1, 2, 3});
-  Value out = b.reduce(b.select(sel, yb, b.zeros(yb.type)), b.constant_i(0, t), {1}, "add");
-  return b.slice(b.reshape(out, {mp, n}), {0, 0}, {m, n});
+  // Tile i sums its own pairs' rows: at most min(G, P) consecutive pairs from first_pair[i]
+  // (each row is non-zero in exactly one of them). A select-sum over that window rather than a
+  // one-hot product, so a NaN stays in its own row; y is padded so no window start is clamped.
+  const int64_t win = std::min(g, tl.p);
+  y = b.pad(y, b.constant_i(0, t), {0, 0, 0}, {win, 0, 0});
+  Value jw = b.iota(Type{I64, {win, tt, n}}, 0);
+  std::vector<Value> tiles;
+  for (int64_t i = 0; i < tl.nt; ++i) {
+    Value yi = b.dynamic_slice(y, {at(b, tl.first_pair, i), zero, zero}, {win, tt, n});
+    Value own = b.compare(Cmp::LT, jw, b.broadcast_to(at(b, tl.pair_count, i), {win, tt, n}));
+    tiles.push_back(b.reduce(b.select(own, yi, b.zeros(yi.type)), b.constant_i(0, t), {0}, "add"));
+  }
+  Value out = b.concatenate(tiles, 0);  // [nt * T, N]
+  return b.slice(out, {0, 0}, {m, n});
 }
 
 }  // namespace
