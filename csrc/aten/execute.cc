@@ -273,6 +273,21 @@ std::vector<std::pair<std::string, std::string>> describe_call(const std::vector
       d = "[";
       for (const at::Tensor& t : v.toTensorList()) d += tensor_desc(t) + "; ";
       d += "]";
+    } else if (v.isList() && !v.isIntList() && !v.isDoubleList() && !v.isBoolList()) {
+      // Tensor?[] (e.g. index's indices): describe by metadata; printing the IValue would read
+      // every tensor's values back to the host (a hidden sync per index tensor per compile).
+      d = "[";
+      for (const c10::IValue& e : v.toListRef()) {
+        if (e.isTensor()) d += tensor_desc(e.toTensor());
+        else if (e.isNone()) d += "None";
+        else {
+          std::stringstream ss;
+          ss << e;
+          d += ss.str();
+        }
+        d += "; ";
+      }
+      d += "]";
     } else if (a->hint == NamedArg::Hint::Scalar && v.isScalar()) {
       d = v.isDouble() ? "float scalar" : v.isBool() ? "bool scalar" : "int scalar";
     } else {
