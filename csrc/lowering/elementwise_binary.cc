@@ -1,6 +1,7 @@
 // Binary / ternary pointwise lowerings: arithmetic, comparisons, logical and bit ops, clamp,
 // where, lerp/addcmul/addcdiv and the pointwise activation backwards.
 #include <cmath>
+#include <vector>
 
 #include "lowering.h"
 
@@ -410,6 +411,28 @@ TPU_LOWER_ELEMENTWISE(logit_backward) {
   }
   Value out = b.or_(lt(b, x, k(b, eps, x)), gt(b, x, k(b, 1 - eps, x)));
   return {b.select(out, zero(b, r), r)};
+}
+
+// Cross product of 3-vectors along `dim` (self and other broadcast to the output shape).
+TPU_LOWER(linalg_cross) {
+  const Type& o = out_type(c);
+  if (o.numel() == 0) return {b.zeros(o)};
+  ElemType t = opmath(c.common);
+  int64_t d = norm_dim(c.int_("dim", -1), o.rank());
+  if (o.shape[d] != 3) throw Unsupported("linalg_cross: dim of size != 3");
+  Value x = operand(b, c.arg("self"), t, o.shape), y = operand(b, c.arg("other"), t, o.shape);
+  auto comp = [&](Value v, int64_t i) {
+    Shape st(o.rank(), 0), li = o.shape;
+    st[d] = i;
+    li[d] = i + 1;
+    return b.slice(v, st, li);
+  };
+  std::vector<Value> parts;
+  for (int64_t i = 0; i < 3; ++i) {
+    int64_t j = (i + 1) % 3, l = (i + 2) % 3;
+    parts.push_back(b.sub(b.mul(comp(x, j), comp(y, l)), b.mul(comp(x, l), comp(y, j))));
+  }
+  return {b.concatenate(parts, d)};
 }
 
 }  // namespace tpu::lowering

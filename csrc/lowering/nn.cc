@@ -538,3 +538,59 @@ TPU_LOWER_ELEMENTWISE(native_dropout_backward) {
 }
 
 }  // namespace tpu::lowering
+
+// ------------------------------------------------------------------ activation / loss backwards
+namespace tpu::lowering::ew {  // defined in elementwise_unary.cc
+Value sigmoid(Builder& b, Value x);
+}  // namespace tpu::lowering::ew
+
+namespace tpu::lowering {
+
+// glu(x) = a * sigmoid(b) with (a, b) the halves of x along dim; as ATen's CPU kernel:
+// grad_a = sigmoid(b) * g, grad_b = (1 - sigmoid(b)) * sigmoid(b) * a * g.
+TPU_LOWER(glu_backward) {
+  const Type& o = out_type(c);
+  ElemType t = opmath(o.elem);
+  Value x = b.convert(c.tensor("self"), t);
+  int64_t d = norm_dim(c.int_("dim"), x.rank());
+  int64_t h = x.shape()[d] / 2;
+  if (o.numel() == 0) return {b.zeros(Type{t, o.shape})};
+  Shape st(x.rank(), 0), mid = x.shape(), st2(x.rank(), 0);
+  mid[d] = h;
+  st2[d] = h;
+  Value first = b.slice(x, st, mid), second = b.slice(x, st2, x.shape());
+  Value g = b.broadcast_to(b.convert(c.tensor("grad_output"), t), first.shape());
+  Value sig = ew::sigmoid(b, second);
+  Value one = b.constant_f(1, t, sig.shape());
+  Value ga = b.mul(sig, g);
+  Value gb = b.mul(b.mul(b.mul(b.sub(one, sig), sig), first), g);
+  return {b.concatenate({ga, gb}, d)};
+}
+
+// prelu: y = x > 0 ? x : w * x. (grad_self, grad_weight) elementwise over the broadcast shape.
+TPU_LOWER(_prelu_kernel_backward) {
+  const Type& o = out_type(c, 0);
+  ElemType t = opmath(o.elem);
+  Value x = operand(b, c.arg("self"), t, o.shape), w = operand(b, c.arg("weight"), t, o.shape);
+  Value g = operand(b, c.arg("grad_output"), t, o.shape);
+  Value pos = b.compare(Cmp::GT, x, b.zeros(x.type));
+  return {b.select(pos, g, b.mul(w, g)), b.select(pos, b.zeros(x.type), b.mul(x, g))};
+}
+
+// d/dx of -w (t log x + (1 - t) log(1 - x)): w g (x - t) / max((1 - x) x, 1e-12), / numel for mean.
+TPU_LOWER(binary_cross_entropy_backward) {
+  const Type& o = out_type(c);
+  ElemType t = opmath(o.elem);
+  Value x = operand(b, c.arg("self"), t, o.shape), y = operand(b, c.arg("target"), t, o.shape);
+  Value g = operand(b, c.arg("grad_output"), t, o.shape);
+  Value one = b.constant_f(1, t, o.shape);
+  Value prod = b.mul(b.sub(one, x), x), eps = b.constant_f(1e-12, t, o.shape);
+  Value denom = b.select(b.compare(Cmp::LT, prod, eps), eps, prod);  // std::max: NaN stays
+  Value r = b.div(b.mul(g, b.sub(x, y)), denom);
+  if (c.has("weight")) r = b.mul(r, operand(b, c.arg("weight"), t, o.shape));
+  if (c.int_("reduction", 1) == 1)
+    r = b.div(r, b.constant_f(static_cast<double>(c.tensor("self").type.numel()), t, o.shape));
+  return {r};
+}
+
+}  // namespace tpu::lowering

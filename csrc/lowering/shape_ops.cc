@@ -1,8 +1,11 @@
 // Joining, padding, reordering and creation ops that produce new tensors (cat/stack, flip,
 // roll, repeat, tril/triu, constant/reflection/replication padding, sort/topk, diag_embed,
-// arange/linspace/eye/fill/zero). Pure views are handled by the runtime as metadata.
+// arange/linspace/eye/fill/zero), and the gradients of edge padding and Tensor.unfold. Pure views
+// are handled by the runtime as metadata.
 #include <algorithm>
 #include <numeric>
+#include <utility>
+#include <vector>
 
 #include "lowering.h"
 
@@ -70,7 +73,19 @@ Value edge_pad(Builder& b, Value x, const std::vector<int64_t>& pad, bool reflec
   pads_from_list(pad, x.rank(), lo, hi);
   for (int64_t d = 0; d < x.rank(); ++d) {
     if (lo[d] == 0 && hi[d] == 0) continue;
-    if (lo[d] < 0 || hi[d] < 0) throw Unsupported("reflection/replication pad: negative padding");
+    if (lo[d] < 0 || hi[d] < 0) {
+      // Replication with a negative side crops that side first (out[j] = x[clamp(j - lo, 0, n-1)]).
+      if (reflect) throw Unsupported("reflection pad: negative padding");
+      int64_t keep = x.shape()[d] + std::min<int64_t>(lo[d], 0) + std::min<int64_t>(hi[d], 0);
+      if (keep <= 0) throw Unsupported("replication pad: negative padding crops everything");
+      Shape st(x.rank(), 0), li = x.shape();
+      st[d] = -std::min<int64_t>(lo[d], 0);
+      li[d] = st[d] + keep;
+      x = b.slice(x, st, li);
+      lo[d] = std::max<int64_t>(lo[d], 0);
+      hi[d] = std::max<int64_t>(hi[d], 0);
+      if (lo[d] == 0 && hi[d] == 0) continue;
+    }
     int64_t n = x.shape()[d];
     if (n == 0) throw Unsupported("reflection/replication pad: empty dim");
     if (reflect && (lo[d] >= n || hi[d] >= n)) throw Unsupported("reflection pad: pad >= size");
@@ -275,6 +290,117 @@ TPU_EDGE_PAD(replication_pad1d, false)
 TPU_EDGE_PAD(replication_pad2d, false)
 TPU_EDGE_PAD(replication_pad3d, false)
 #undef TPU_EDGE_PAD
+
+namespace {
+// Gradient of edge_pad: the centre of grad_output, plus each padded slab added back onto the
+// input rows it copied (reflection: mirrored rows 1..pad; replication: the edge row).
+Value edge_pad_backward(Builder& b, Value g, const Shape& in_shape, const std::vector<int64_t>& pad,
+                        bool reflect) {
+  int64_t r = static_cast<int64_t>(in_shape.size());
+  Shape lo, hi;
+  pads_from_list(pad, r, lo, hi);
+  g = b.convert(g, opmath(g.elem()));
+  Value zero = b.constant_f(0, g.elem());
+  for (int64_t d = 0; d < r; ++d) {
+    if (lo[d] == 0 && hi[d] == 0) continue;
+    // Replication with a negative side: the gradient of the cropped input, zero-padded back.
+    int64_t crop_lo = -std::min<int64_t>(lo[d], 0), crop_hi = -std::min<int64_t>(hi[d], 0);
+    if ((crop_lo || crop_hi) && reflect) throw Unsupported("reflection pad backward: negative padding");
+    lo[d] = std::max<int64_t>(lo[d], 0);
+    hi[d] = std::max<int64_t>(hi[d], 0);
+    int64_t n = in_shape[d] - crop_lo - crop_hi;
+    if (n <= 0 && (crop_lo || crop_hi)) throw Unsupported("replication pad backward: crops everything");
+    if (n == 0) throw Unsupported("reflection/replication pad backward: empty dim");
+    if (reflect && (lo[d] >= n || hi[d] >= n)) throw Unsupported("reflection pad backward: pad >= size");
+    auto part = [&](int64_t s, int64_t e) {
+      Shape st(r, 0), li = g.shape();
+      st[d] = s;
+      li[d] = e;
+      return b.slice(g, st, li);
+    };
+    auto pad_d = [&](Value x, int64_t before, int64_t after) {
+      Shape l(r, 0), h(r, 0);
+      l[d] = before;
+      h[d] = after;
+      return b.pad(x, zero, l, h);
+    };
+    auto sum_d = [&](Value x) {
+      Shape ks = x.shape();
+      ks[d] = 1;
+      return b.reshape(b.reduce(x, zero, {d}, "add"), ks);
+    };
+    Value acc = part(lo[d], lo[d] + n);
+    if (lo[d] > 0) {
+      Value slab = part(0, lo[d]);
+      acc = b.add(acc, reflect ? pad_d(b.reverse(slab, {d}), 1, n - 1 - lo[d]) : pad_d(sum_d(slab), 0, n - 1));
+    }
+    if (hi[d] > 0) {
+      Value slab = part(lo[d] + n, lo[d] + n + hi[d]);
+      acc = b.add(acc, reflect ? pad_d(b.reverse(slab, {d}), n - 1 - hi[d], 1) : pad_d(sum_d(slab), n - 1, 0));
+    }
+    g = crop_lo || crop_hi ? pad_d(acc, crop_lo, crop_hi) : acc;
+  }
+  return g;
+}
+}  // namespace
+
+#define TPU_EDGE_PAD_BACKWARD(name, reflect)                                                    \
+  TPU_LOWER(name) {                                                                             \
+    return {edge_pad_backward(b, c.tensor("grad_output"), c.tensor("self").shape(), c.ints("padding"), \
+                              reflect)};                                                        \
+  }
+TPU_EDGE_PAD_BACKWARD(reflection_pad1d_backward, true)
+TPU_EDGE_PAD_BACKWARD(reflection_pad2d_backward, true)
+TPU_EDGE_PAD_BACKWARD(reflection_pad3d_backward, true)
+TPU_EDGE_PAD_BACKWARD(replication_pad1d_backward, false)
+TPU_EDGE_PAD_BACKWARD(replication_pad2d_backward, false)
+TPU_EDGE_PAD_BACKWARD(replication_pad3d_backward, false)
+#undef TPU_EDGE_PAD_BACKWARD
+
+// ---------------------------------------------------------------- unfold backward, channel shuffle
+// Tensor.unfold's gradient: window w's element j goes back to position w * step + j of `dim`;
+// one interior-padded copy of the grad per window offset j, summed.
+TPU_LOWER(unfold_backward) {
+  const Type& o = out_type(c);
+  ElemType t = opmath(o.elem);
+  Value g = b.convert(c.tensor("grad_in"), t);
+  int64_t r = o.rank();
+  int64_t dim = r == 0 ? 0 : norm_dim(c.int_("dim"), r);
+  int64_t size = c.int_("size"), step = c.int_("step");
+  if (o.numel() == 0 || g.type.numel() == 0) return {b.zeros(Type{t, o.shape})};
+  if (r == 0) return {b.reshape(g, o.shape)};
+  if (size > 256) throw Unsupported("unfold_backward: window larger than 256");
+  int64_t nw = g.shape()[dim], len = o.shape[dim];
+  Value acc = b.zeros(Type{t, o.shape});
+  Value zero = b.constant_f(0, t);
+  for (int64_t j = 0; j < size; ++j) {
+    Shape st(g.rank(), 0), li = g.shape();
+    st[g.rank() - 1] = j;
+    li[g.rank() - 1] = j + 1;
+    Value gj = b.reshape(b.slice(g, st, li), Shape(g.shape().begin(), g.shape().end() - 1));
+    Shape lo(r, 0), hi(r, 0), in(r, 0);
+    lo[dim] = j;
+    in[dim] = step - 1;
+    hi[dim] = len - (j + (nw - 1) * step + 1);
+    acc = b.add(acc, b.pad(gj, zero, lo, hi, in));
+  }
+  return {acc};
+}
+
+TPU_LOWER(channel_shuffle) {  // [N, g, C/g, *] -> [N, C/g, g, *]
+  Value x = c.tensor("self");
+  const Type& o = out_type(c);
+  int64_t g = c.int_("groups");
+  if (x.rank() < 3 || g <= 0 || x.shape()[1] % g) throw Unsupported("channel_shuffle: shape");
+  if (o.numel() == 0) return {b.zeros(o)};
+  Shape s = x.shape();
+  Shape split{s[0], g, s[1] / g};
+  for (size_t i = 2; i < s.size(); ++i) split.push_back(s[i]);
+  std::vector<int64_t> perm(split.size());
+  std::iota(perm.begin(), perm.end(), 0);
+  std::swap(perm[1], perm[2]);
+  return {b.reshape(b.transpose(b.reshape(x, split), perm), s)};
+}
 
 // ---------------------------------------------------------------- sort / topk
 TPU_LOWER(sort) {
