@@ -91,6 +91,16 @@ def llama() -> Case:
                 0, "no attention mask: the causal mask is built without data-dependent checks")
 
 
+def llama_padded() -> Case:
+    """Training on a right-padded batch: attention mask plus -100 labels on the padding."""
+    case = llama()
+    ids, mask = case.batch["input_ids"], _padding_mask()
+    labels = ids.masked_fill(mask == 0, -100)
+    return Case(case.model, {"input_ids": ids, "attention_mask": mask, "labels": labels}, lambda o: o.loss,
+                2, "transformers' sdpa_mask asks `padding_mask.all()`, then (q_len == kv_len) whether "
+                "`padding_mask[:, :q_len].all()` to try dropping the mask", steps=10)
+
+
 def gpt2() -> Case:
     torch.manual_seed(0)
     cfg = transformers.GPT2Config(
@@ -156,7 +166,7 @@ def minilm() -> Case:
 
 
 CASES: dict[str, Callable[[], Case]] = {
-    "llama": llama, "gpt2": gpt2, "bert": bert, "t5": t5, "vit": vit, "minilm": minilm,
+    "llama": llama, "llama_padded": llama_padded, "gpt2": gpt2, "bert": bert, "t5": t5, "vit": vit, "minilm": minilm,
 }
 
 
