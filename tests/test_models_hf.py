@@ -250,9 +250,12 @@ def test_llama_bf16_autocast_training_matches_cpu_autocast() -> None:
     assert torch_tpu.fallback_stats() == {}
     assert all(p.dtype == torch.float32 for p in dev.parameters())  # master weights stay f32
     dev_max = max(abs(a - b) for a, b in zip(ref, out, strict=True))
-    # bf16 matmuls round differently on the two sides; the curves must still agree to ~1%.
-    assert dev_max <= 0.01 * abs(ref[0]), (ref, out)
+    # bf16 matmuls round differently on the two sides (measured ~3e-4 on a loss of 4.86, the same
+    # size as CPU autocast vs CPU float32); the curves must agree to 0.2%.
+    assert dev_max <= 2e-3 * abs(ref[0]), (ref, out)
     assert out[-1] < out[0]
+    with torch.autocast("tpu", dtype=torch.bfloat16), torch.no_grad():  # autocast really ran in bf16
+        assert dev(input_ids=case.batch["input_ids"].to("tpu")).logits.dtype == torch.bfloat16
 
 
 def test_bert_padding_mask_ignores_padding() -> None:
