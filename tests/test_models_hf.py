@@ -267,3 +267,24 @@ def test_bert_padding_mask_ignores_padding() -> None:
         padded = dev(input_ids=ids.to("tpu"), attention_mask=mask.to("tpu")).last_hidden_state.cpu()
         alone = dev(input_ids=ids[1:, :7].to("tpu")).last_hidden_state.cpu()
     torch.testing.assert_close(padded[1:, :7], alone, atol=1e-5, rtol=1e-5)
+
+
+def test_bert_dropout_train_mode_on_device() -> None:
+    """Dropout is checked on its own (the compared cases use p=0: CPU and tpu generators differ):
+    BERT with its default p=0.1 trains on tpu without fallback, two train-mode forwards differ,
+    and the attention-probability + hidden dropout masks keep ~90% of activations at scale 1/0.9."""
+    torch.manual_seed(0)
+    cfg = transformers.BertConfig(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                                  intermediate_size=64, max_position_embeddings=64)
+    dev = module_to(transformers.BertModel(cfg), "tpu").train()
+    ids = _ids(3).to("tpu")
+    torch_tpu.reset_fallback_stats()
+    a = dev(input_ids=ids).last_hidden_state
+    b = dev(input_ids=ids).last_hidden_state
+    a.square().mean().backward()
+    assert torch_tpu.fallback_stats() == {}
+    assert not torch.equal(a.detach().cpu(), b.detach().cpu())
+    assert all(p.grad is not None and p.grad.isfinite().all().item() for p in dev.encoder.parameters())
+    x = torch.nn.functional.dropout(torch.ones(20000, device="tpu"), 0.1, training=True).cpu()
+    assert abs((x == 0).float().mean().item() - 0.1) < 0.01
+    assert torch.allclose(x[x != 0], torch.tensor(1 / 0.9))
