@@ -272,7 +272,7 @@ def test_bert_padding_mask_ignores_padding() -> None:
 def test_bert_dropout_train_mode_on_device() -> None:
     """Dropout is checked on its own (the compared cases use p=0: CPU and tpu generators differ):
     BERT with its default p=0.1 trains on tpu without fallback, two train-mode forwards differ,
-    and the attention-probability + hidden dropout masks keep ~90% of activations at scale 1/0.9."""
+    and F.dropout on tpu keeps ~90% of activations, scaled by 1/0.9."""
     torch.manual_seed(0)
     cfg = transformers.BertConfig(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
                                   intermediate_size=64, max_position_embeddings=64)
