@@ -1,7 +1,7 @@
 // Joining, padding, reordering and creation ops that produce new tensors (cat/stack, flip,
 // roll, repeat, tril/triu, constant/reflection/replication padding, sort/topk, diag_embed,
-// arange/linspace/eye/fill/zero), and the gradients of edge padding and Tensor.unfold. Pure views
-// are handled by the runtime as metadata.
+// arange/linspace/eye/fill/zero), im2col/col2im, and the gradients of edge padding and
+// Tensor.unfold. Pure views are handled by the runtime as metadata.
 #include <algorithm>
 #include <numeric>
 #include <utility>
@@ -385,6 +385,70 @@ TPU_LOWER(unfold_backward) {
     acc = b.add(acc, b.pad(gj, zero, lo, hi, in));
   }
   return {acc};
+}
+
+// col2im (nn.functional.fold, the gradient of unfold/im2col): [N, C*kh*kw, L] -> [N, C, H, W],
+// summing the blocks; each kernel offset (ki, kj) is one strided placement via interior padding
+// (negative edge padding crops the positions that fall in the zero padding).
+TPU_LOWER(col2im) {
+  const Type& o = out_type(c);
+  ElemType t = opmath(o.elem);
+  Value x = b.convert(c.tensor("self"), t);
+  const auto &ks = c.ints("kernel_size"), &dil = c.ints("dilation"), &pad = c.ints("padding"),
+             &st = c.ints("stride");
+  if (o.numel() == 0) return {b.zeros(Type{t, o.shape})};
+  bool batched = x.rank() == 3;
+  int64_t n = batched ? x.shape()[0] : 1;
+  int64_t kh = ks[0], kw = ks[1];
+  int64_t H = o.shape[o.rank() - 2], W = o.shape[o.rank() - 1];
+  int64_t C = o.shape[o.rank() - 3];
+  int64_t lh = (H + 2 * pad[0] - dil[0] * (kh - 1) - 1) / st[0] + 1;
+  int64_t lw = (W + 2 * pad[1] - dil[1] * (kw - 1) - 1) / st[1] + 1;
+  if (lh <= 0 || lw <= 0 || x.type.numel() == 0) return {b.zeros(Type{t, o.shape})};
+  if (kh * kw > 1024) throw Unsupported("col2im: kernel with more than 1024 taps");
+  Value blocks = b.reshape(x, {n, C, kh, kw, lh, lw});
+  Value acc = b.zeros(Type{t, {n, C, H, W}});
+  Value zero = b.constant_f(0, t);
+  for (int64_t i = 0; i < kh; ++i) {
+    for (int64_t j = 0; j < kw; ++j) {
+      Value piece = b.reshape(b.slice(blocks, {0, 0, i, j, 0, 0}, {n, C, i + 1, j + 1, lh, lw}), {n, C, lh, lw});
+      int64_t lo_h = i * dil[0] - pad[0], lo_w = j * dil[1] - pad[1];
+      int64_t hi_h = H - (lo_h + (lh - 1) * st[0] + 1), hi_w = W - (lo_w + (lw - 1) * st[1] + 1);
+      acc = b.add(acc, b.pad(piece, zero, {0, 0, lo_h, lo_w}, {0, 0, hi_h, hi_w}, {0, 0, st[0] - 1, st[1] - 1}));
+    }
+  }
+  return {b.reshape(acc, o.shape)};
+}
+
+// im2col (nn.functional.unfold): [N, C, H, W] -> [N, C*kh*kw, L]; one strided slice of the
+// zero-padded input per kernel offset.
+TPU_LOWER(im2col) {
+  const Type& o = out_type(c);
+  ElemType t = o.elem;
+  Value x = c.tensor("self");
+  const auto &ks = c.ints("kernel_size"), &dil = c.ints("dilation"), &pad = c.ints("padding"),
+             &st = c.ints("stride");
+  if (o.numel() == 0) return {b.zeros(o)};
+  bool batched = x.rank() == 4;
+  const Shape& xs = x.shape();
+  int64_t n = batched ? xs[0] : 1, C = xs[x.rank() - 3], H = xs[x.rank() - 2], W = xs[x.rank() - 1];
+  int64_t kh = ks[0], kw = ks[1];
+  int64_t lh = (H + 2 * pad[0] - dil[0] * (kh - 1) - 1) / st[0] + 1;
+  int64_t lw = (W + 2 * pad[1] - dil[1] * (kw - 1) - 1) / st[1] + 1;
+  if (lh <= 0 || lw <= 0) throw Unsupported("im2col: empty output");
+  if (kh * kw > 1024) throw Unsupported("im2col: kernel with more than 1024 taps");
+  Value xp = b.pad(b.reshape(x, {n, C, H, W}), b.constant_i(0, x.elem()), {0, 0, pad[0], pad[1]},
+                   {0, 0, pad[0], pad[1]});
+  std::vector<Value> taps;
+  for (int64_t i = 0; i < kh; ++i)
+    for (int64_t j = 0; j < kw; ++j) {
+      int64_t h0 = i * dil[0], w0 = j * dil[1];
+      Value tap = b.slice(xp, {0, 0, h0, w0}, {n, C, h0 + (lh - 1) * st[0] + 1, w0 + (lw - 1) * st[1] + 1},
+                          {1, 1, st[0], st[1]});
+      taps.push_back(b.reshape(tap, {n, C, 1, lh * lw}));
+    }
+  Value cols = b.concatenate(taps, 2);  // [n, C, kh*kw, L]
+  return {b.convert(b.reshape(cols, o.shape), t)};
 }
 
 TPU_LOWER(channel_shuffle) {  // [N, g, C/g, *] -> [N, C/g, g, *]
