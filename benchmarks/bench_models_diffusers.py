@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 import torch_tpu
 from bench_common import TPU, finish, fmt_ratio, interleaved, median, ratio, sync, time_call
+from torch_tpu import EagerMode, set_eager_mode
 
 NAME = "models_diffusers"
 WARMUP = 1
@@ -109,15 +110,43 @@ def _fns(model: torch.nn.Module, inputs: dict[str, Any], on_tpu: bool) -> tuple[
     return fwd, train
 
 
+def _other_modes(model: torch.nn.Module, inputs: dict[str, Any]) -> dict[str, Callable[[], Any]]:
+    """Forward in fused eager and under torch.compile(backend="tpu"), each synchronized."""
+    compiled = torch.compile(model, backend="tpu")
+
+    def fused() -> torch.Tensor:
+        model.eval()
+        with torch.no_grad(), set_eager_mode(EagerMode.DEFER_AND_FUSE):
+            y = _sample(model(**inputs))
+            sync()
+        return y
+
+    def comp() -> torch.Tensor:
+        model.eval()
+        with torch.no_grad():
+            y = _sample(compiled(**inputs))
+        sync()
+        return y
+
+    return {"tpu_fused_fwd": fused, "tpu_compiled_fwd": comp}
+
+
 def bench_model(name: str) -> dict[str, Any]:
     model_cpu, x_cpu, desc = build(name)
-    model_tpu = copy.deepcopy(model_cpu).to(TPU)
+    model_tpu = copy.deepcopy(model_cpu).to(TPU).eval()
     x_tpu = {k: v.to(TPU) if isinstance(v, torch.Tensor) else v for k, v in x_cpu.items()}
     fwd_c, train_c = _fns(model_cpu, x_cpu, False)
     fwd_t, train_t = _fns(model_tpu, x_tpu, True)
-    # Forward numbers before any training step changes the weights.
-    err = (fwd_t().cpu() - fwd_c()).abs().max().item()
-    first = {"forward": time_call(fwd_t), "train_step": time_call(train_t)}  # compiles (or cache loads)
+    # Forward numbers (every mode) before any training step changes the weights.
+    ref = fwd_c()
+    err = (fwd_t().cpu() - ref).abs().max().item()
+    first = {"forward": time_call(fwd_t)}
+    modes = _other_modes(model_tpu, x_tpu)
+    mode_err = {}
+    for k, fn in modes.items():
+        first[k] = time_call(fn)  # fused program / whole-graph compile (or cache loads)
+        mode_err[k] = (fn().cpu() - ref).abs().max().item()
+    first["train_step"] = time_call(train_t)
     for _ in range(WARMUP):
         for fn in (fwd_t, fwd_c, train_t, train_c):
             fn()
@@ -128,6 +157,8 @@ def bench_model(name: str) -> dict[str, Any]:
     before, fb0 = torch_tpu.cache_stats(), sum(torch_tpu.fallback_stats().values())
     times = interleaved({"tpu_fwd": fwd_t, "cpu_fwd": fwd_c, "tpu_train": train_t, "cpu_train": train_c}, REPEATS)
     after, fb1 = torch_tpu.cache_stats(), sum(torch_tpu.fallback_stats().values())
+    # Fused / compiled forwards run on the trained weights: timed only (their numbers were checked above).
+    times.update(interleaved(modes, REPEATS))
     ms = {k: median(v) * 1e3 for k, v in times.items()}
     return {
         "description": desc,
@@ -137,6 +168,9 @@ def bench_model(name: str) -> dict[str, Any]:
         "ratio_fwd_tpu_over_cpu": ms["tpu_fwd"] / ms["cpu_fwd"],
         "ratio_train_tpu_over_cpu": ms["tpu_train"] / ms["cpu_train"],
         "forward_max_abs_diff_vs_cpu": err,
+        "forward_max_abs_diff_vs_cpu_by_mode": mode_err,
+        "ratio_fused_fwd_tpu_over_cpu": ms["tpu_fused_fwd"] / ms["cpu_fwd"],
+        "ratio_compiled_fwd_tpu_over_cpu": ms["tpu_compiled_fwd"] / ms["cpu_fwd"],
         "host_syncs_per_forward": syncs_fwd,
         "compile_misses_during_timing": after["misses"] - before["misses"],
         "cpu_fallbacks_during_timing": fb1 - fb0,
@@ -152,16 +186,21 @@ def run() -> dict[str, Any]:
         ratios.append(ratio(f"{name} fwd tpu/cpu", r["ratio_fwd_tpu_over_cpu"], GOAL_MAX_RATIO, higher_is_better=False))
         ratios.append(ratio(f"{name} train tpu/cpu", r["ratio_train_tpu_over_cpu"], GOAL_MAX_RATIO,
                             higher_is_better=False))
+        ratios.append(ratio(f"{name} compiled fwd tpu/cpu", r["ratio_compiled_fwd_tpu_over_cpu"], GOAL_MAX_RATIO,
+                            higher_is_better=False))
     for name, r in models.items():
         print(f"  {name}: fwd tpu {r['ms']['tpu_fwd']:.1f} ms / cpu {r['ms']['cpu_fwd']:.1f} ms "
               f"({r['ratio_fwd_tpu_over_cpu']:.2f}x), train step tpu {r['ms']['tpu_train']:.1f} ms / cpu "
-              f"{r['ms']['cpu_train']:.1f} ms ({r['ratio_train_tpu_over_cpu']:.2f}x), max diff "
-              f"{r['forward_max_abs_diff_vs_cpu']:.1e}, fallbacks {r['cpu_fallbacks_during_timing']}, "
+              f"{r['ms']['cpu_train']:.1f} ms ({r['ratio_train_tpu_over_cpu']:.2f}x), fwd fused "
+              f"{r['ms']['tpu_fused_fwd']:.1f} ms / compiled {r['ms']['tpu_compiled_fwd']:.1f} ms, max diff "
+              f"{r['forward_max_abs_diff_vs_cpu']:.1e} (fused {r['forward_max_abs_diff_vs_cpu_by_mode']['tpu_fused_fwd']:.1e}, "
+              f"compiled {r['forward_max_abs_diff_vs_cpu_by_mode']['tpu_compiled_fwd']:.1e}), fallbacks {r['cpu_fallbacks_during_timing']}, "
               f"syncs/fwd {r['host_syncs_per_forward']}", flush=True)
     summary = f"{NAME}: " + ", ".join(fmt_ratio(r) for r in ratios)
     return finish(NAME, {
         "description": "diffusers models, strict eager tpu vs CPU eager: forward (eval, no_grad) and one "
-                       "AdamW train step (MSE to zeros), each call synchronized; medians",
+                       "AdamW train step (MSE to zeros), each call synchronized; medians. Also the tpu forward "
+                       "in fused eager and under torch.compile(backend='tpu').",
         "warmup": WARMUP,
         "repeats": REPEATS,
         "models": models,
