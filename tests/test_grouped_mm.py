@@ -44,11 +44,13 @@ def test_2d_3d_rows_grouped(dtype: torch.dtype) -> None:
         (0, 0, 0, 0, 0, 0, 0, 0),  # no row belongs to a group
     ],
 )
-def test_2d_3d_tiled_routings(ends: tuple[int, ...]) -> None:
-    # 64 rows over 8 groups takes the tiled path (8-row tiles, 15 tile/group pairs).
+@pytest.mark.parametrize("col_major", [False, True])
+def test_2d_3d_tiled_routings(ends: tuple[int, ...], col_major: bool) -> None:
+    # 64 rows over 8 groups takes the tiled path (8-row tiles, 15 tile/group pairs); a
+    # column-major mat2 (weight.transpose(-2, -1)) is sliced in its own storage order.
     torch.manual_seed(11)
     a = torch.randn(64, 16)
-    w = torch.randn(8, 16, 8)
+    w = torch.randn(8, 8, 16).transpose(-2, -1) if col_major else torch.randn(8, 16, 8)
     out, ref = _run(a, w, _offs(*ends))
     n = ends[-1]
     torch.testing.assert_close(out[:n], ref[:n], **TOL[torch.float32])

@@ -126,11 +126,15 @@ void grouped_mm_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet, torch
   }
   c10::DeviceGuard guard(a.device());
   at::Tensor out = at::empty(size, a.options());
+  // Layout hint for the lowering (not a schema argument; absent in compiled graphs): mat2 is
+  // column-major in its last two dims, e.g. Transformers' weight.transpose(-2, -1).
+  const bool w_col_major = w.stride(-2) == 1 && w.stride(-1) != 1;
   std::vector<NamedArg> named{{"self", a},
                               {"mat2", w},
                               {"offs", opt(offs)},
                               {"bias", c10::IValue()},
-                              {"out_dtype", args[4], NamedArg::Hint::DType}};
+                              {"out_dtype", args[4], NamedArg::Hint::DType},
+                              {"mat2_col_major", w_col_major}};
   if (!run_or_fallback(op, stack, "_grouped_mm", named, {out}, a.scalar_type())) return;
   torch::jit::drop(*stack, 5);
   stack->push_back(out);

@@ -155,19 +155,24 @@ Value at(Builder& b, Value v, int64_t q) { return b.reshape(b.slice(v, {q}, {q +
 // expert weights) is an order of magnitude slower, and so is one batched GEMM over stacked
 // slices. Operands are widened to the compute type first (XLA:CPU's dot thunk has no
 // bf16 x bf16 -> f32 form; bf16 products are exact in f32 anyway).
-Value rows_tiled(Builder& b, Value a, Value w, Value offs, ElemType t) {
+Value rows_tiled(Builder& b, Value a, Value w, Value offs, ElemType t, bool w_col_major) {
   const int64_t m = a.shape()[0], k = a.shape()[1], n = w.shape()[2], g = offs.shape()[0];
   Tiling tl = make_tiling(b, offs, m);
   const int64_t mp = tl.nt * tl.t, tt = tl.t;
   if (mp > m) a = b.pad(a, b.constant_i(0, a.elem()), {0, 0}, {mp - m, 0});
   Value zero = b.constant_i(0, I64);
   Value row0 = b.mul(tl.tile, b.constant_i(tt, I64, {tl.p}));
+  // Each expert as one row in the storage's own order: the slices are contiguous copies and a
+  // column-major mat2 (Transformers passes weight.transpose(-2, -1)) is never transposed as a
+  // whole: transpose(transpose(param)) folds away and the GEMM contracts the [N,K] slice.
+  Value w2 = w_col_major ? b.reshape(b.transpose(w, {0, 2, 1}), {g, n * k}) : b.reshape(w, {g, k * n});
   std::vector<Value> ys;
   for (int64_t q = 0; q < tl.p; ++q) {
     Value aq = b.convert(b.dynamic_slice(a, {at(b, row0, q), zero}, {tt, k}), t);
-    Value wq = b.dynamic_slice(w, {at(b, tl.group, q), zero, zero}, {1, k, n});
-    wq = b.convert(b.reshape(wq, {k, n}), t);
-    ys.push_back(b.reshape(b.dot_general(aq, wq, {}, {}, {1}, {0}, t), {1, tt, n}));
+    Value wq = b.dynamic_slice(w2, {at(b, tl.group, q), zero}, {1, k * n});
+    Value yq = w_col_major ? b.dot_general(aq, b.convert(b.reshape(wq, {n, k}), t), {}, {}, {1}, {1}, t)
+                           : b.dot_general(aq, b.convert(b.reshape(wq, {k, n}), t), {}, {}, {1}, {0}, t);
+    ys.push_back(b.reshape(yq, {1, tt, n}));
   }
   Value y = b.concatenate(ys, 0);  // [P, T, N]
   y = b.select(b.broadcast_in_dim(tl.rows, y.shape(), {0, 1}), y, b.zeros(y.type));
@@ -205,7 +210,7 @@ TPU_LOWER(_grouped_mm) {
 
   if (ra == 2 && rw == 3) {  // [M,K] x [G,K,N]: offs over rows
     const int64_t m = a.shape()[0], n = w.shape()[2];
-    if (use_tiles(m, g)) return {rows_tiled(b, a, w, offs, t)};
+    if (use_tiles(m, g)) return {rows_tiled(b, a, w, offs, t, c.bool_("mat2_col_major"))};
     Value all = gdot(b, a, w, {}, {}, {1}, {1}, t);  // [M, G, N]
     Value mask = group_mask(b, group_ids(b, offs, m), {m, g, n}, 0, 1);
     return {select_group(b, all, mask, 1)};
