@@ -1,8 +1,9 @@
 """MoE grouped GEMMs and MoE models.
 
 1. `torch._grouped_mm` at decode batch 64 (64 tokens x top-2 routed to 8 experts, hidden 512, ffn 1024),
-   float32 and bfloat16: the tpu lowering (sync-free, every expert computed densely and each row keeps
-   its own expert's result) vs PyTorch's per-expert loop on the CPU (its generic `_grouped_mm`, one
+   float32 and bfloat16: the tpu lowering (sync-free: 16-row tiles x expert pairs computed on device
+   for the up projection, dense select for the weight-gradient form; see csrc/lowering/grouped_mm.cc)
+   vs PyTorch's per-expert loop on the CPU (its generic `_grouped_mm`, one
    .item() + one mm per group) and the same per-expert loop on tpu (offsets read to the host once,
    one mm per expert). Forms: up projection [S,512] x [8,512,1024] and the weight-gradient form
    [512,S] x [S,1024] with offsets along K.
