@@ -8,7 +8,8 @@
 //   2-D x 2-D  [M,K] x [K,N]  -> [G,M,N]   offs over K (weight gradients)
 //   3-D x 3-D  [G,M,K] x [G,K,N] -> [G,M,N] (batched, no offs)
 // Rows (columns) at or past offs[G-1] belong to no group: PyTorch leaves them uninitialised,
-// we write zeros. Empty groups give zero blocks (2-D x 2-D) or simply own no rows.
+// we write zeros. Empty groups give zero blocks (2-D x 2-D) or simply own no rows. Offsets
+// must be non-decreasing (as PyTorch's CUDA kernel requires; the CPU's loop then agrees).
 //
 // Strategy (measured on XLA:CPU at MoE decode sizes, benchmarks/bench_grouped_mm.py):
 // - 2-D x 3-D (the MoE forward and input gradients), when it saves at least half the GEMM
@@ -69,7 +70,7 @@ Value select_group(Builder& b, Value all, Value mask, int64_t g_dim) {
 // ---- tiled path: rows sorted by group, cut into T-row tiles; each (tile, group) pair that can
 // hold rows is one small GEMM. A tile overlaps groups first..last of its rows, and consecutive
 // tiles share at most their boundary group, so nt + G - 1 pairs always suffice (a static
-// count): (L + (G-1) T) rows of GEMM instead of G L, plus a gather of each pair's weights.
+// count): (L + (G-1) T) rows of GEMM instead of G L, plus a copy of each pair's expert weights.
 
 // x[idx[p]] for every p: [D0, rest...] x [P] -> [P, rest...].
 Value take_leading(Builder& b, Value x, Value idx) {
