@@ -225,6 +225,21 @@ def test_generate_greedy_matches_cpu(name: str) -> None:
     assert syncs == GENERATE_SYNCS[name], syncs
 
 
+def test_generate_static_cache_llama_matches_cpu() -> None:
+    """Static KV cache (in-place index_copy_ into preallocated buffers, fixed mask shapes)."""
+    case = llama()
+    mask = torch.ones(BATCH, 6, dtype=torch.long)
+    mask[1, :2] = 0
+    inputs = {"input_ids": case.batch["input_ids"][:, :6], "attention_mask": mask}
+    ref, out, fallbacks, syncs = compare_generate(case.model, inputs, max_new_tokens=8, min_new_tokens=8,
+                                                  do_sample=False, cache_implementation="static")
+    assert fallbacks == {}, fallbacks
+    assert torch.equal(out, ref), (out, ref)
+    # The 5 setup checks and 8 stopping checks of GENERATE_SYNCS; the static cache's masks have
+    # kv_len != q_len, so sdpa_mask only asks once (prefill) whether the padding can be dropped.
+    assert syncs == 5 + 8 + 1, syncs
+
+
 def test_index_with_tensor_indices_needs_no_host_sync() -> None:
     """transformers' padding_mask_function gathers `padding_mask[batch_idx, kv_idx]` for every new
     mask shape: building that program must not read the index tensors back to the host."""
