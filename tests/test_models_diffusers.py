@@ -347,6 +347,14 @@ def test_pipeline_to_tpu(kind: str) -> None:
     out = pipe(batch_size=2, generator=torch.Generator().manual_seed(0), num_inference_steps=3, output_type="np").images
     assert out.shape == ref.shape == (2, 16, 16, 4)
     assert abs(out - ref).max() <= 5e-5, abs(out - ref).max()
+    if kind == "ddpm":
+        # A tpu generator: the noise is drawn on the device, reproducible per seed.
+        def run(seed: int) -> Any:
+            return pipe(batch_size=2, generator=torch.Generator("tpu").manual_seed(seed), num_inference_steps=3,
+                        output_type="np").images
+        a, b, c = run(0), run(0), run(1)
+        assert abs(a - b).max() == 0.0
+        assert abs(a - c).max() > 0.1
     assert torch_tpu.fallback_stats() == {}
 
 
