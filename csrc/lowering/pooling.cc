@@ -1,6 +1,6 @@
 // Pooling: max pooling with indices (2-d/3-d), average pooling (2-d/3-d), adaptive average and
-// adaptive max pooling (2-d/3-d), and their backward passes. 1-d variants reach these through
-// PyTorch's composites (unsqueeze to 2-d).
+// adaptive max pooling (2-d/3-d), their backward passes, and max unpooling (2-d/3-d). 1-d
+// variants reach these through PyTorch's composites (unsqueeze to 2-d).
 //
 // Window geometry is static (shapes and pooling parameters are part of the compile key), so
 // window starts/ends, divisors and flat indices are computed on the host exactly as PyTorch's CPU
