@@ -138,7 +138,7 @@ int64_t fused_sdp_choice(const at::Tensor& q, const at::Tensor& k, const at::Ten
   constexpr auto math = static_cast<int64_t>(at::SDPBackend::math);
   if (!at::globalContext().userEnabledOverrideableSDP()) return math;
   // Traced calls (torch.compile's fake/functional tensors) answer the same: compiled graphs
-  // lower the fused op through the same table (compile.py accepts it without dropout).
+  // lower the fused op through the same table (dropout reads the generator state there too).
   for (const at::Tensor* t : {&q, &k, &v}) {
     if (!t->defined() || t->device().type() != kTpu || t->is_nested()) return math;
   }
