@@ -47,7 +47,9 @@ Modes:
       swept dtype; gradients in float32, bfloat16, float16 and float64.
 TORCH_TPU_OPINFO_OPS=name1,name2 restricts the sweep to those OpInfo keys (debugging);
 TORCH_TPU_OPINFO_DTYPES=float32,bfloat16 restricts the dtypes; TORCH_TPU_OPINFO_KINDS=grad (any of
-forward,inplace,grad) restricts the kinds of checks.
+forward,inplace,grad) restricts the kinds of checks (in default mode, a TORCH_TPU_OPINFO_DTYPES
+selection also picks the gradient dtypes). TORCH_TPU_OPINFO_DETAILS=path dumps every record;
+TORCH_TPU_OPINFO_MERGE_DETAILS=a.json,b.json merges such dumps of other runs into the summary.
 
 Every XLA CPU executable stays mapped for the life of the process (see _MAX_MAPS): when the
 process nears vm.max_map_count, the remaining ops of the session are swept by a fresh worker
@@ -84,7 +86,9 @@ ALL_DTYPES = (
     torch.float32, torch.bfloat16, torch.float16, torch.float64, torch.int32, torch.int64, torch.bool,
 )
 DEFAULT_DTYPES = (torch.float32, torch.bfloat16, torch.int64)
-GRAD_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64) if FULL else (torch.float32,)
+# Default mode: float32 gradients only, unless TORCH_TPU_OPINFO_DTYPES asks for others.
+GRAD_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64) \
+    if FULL or os.environ.get("TORCH_TPU_OPINFO_DTYPES") else (torch.float32,)
 INPLACE_DTYPES = ALL_DTYPES if FULL else (torch.float32,)
 MAX_SAMPLES = None if FULL else 3
 GRAD_MAX_SAMPLES = None if FULL else int(os.environ.get("TORCH_TPU_OPINFO_GRAD_SAMPLES", "2"))
@@ -873,6 +877,7 @@ def _summary() -> dict:
         "truncated_by_map_guard": sorted(f"{k}:{key}/{d}" for (k, key, d), r in RESULTS.items()
                                          if r.get("truncated_by_map_guard")),
         "worker_processes": _STATE["worker_processes"],
+        "merged_details": _STATE.get("merged_details", []),
         "wall_s": round(time.monotonic() - _STATE["start"], 1) if _STATE["start"] else 0.0,
         "pass_and_lowered_threshold": PASS_AND_LOWERED_THRESHOLD,
         **fwd,
@@ -892,11 +897,26 @@ def _summary() -> dict:
     }
 
 
+def _merge_details() -> None:
+    """TORCH_TPU_OPINFO_MERGE_DETAILS=a.json,b.json: records of earlier runs (their
+    TORCH_TPU_OPINFO_DETAILS files) join this session's summary, for (kind, op, dtype) entries this
+    session did not run (e.g. the grad sweep and the forward sweep run as separate processes)."""
+    paths = [s.strip() for s in os.environ.get("TORCH_TPU_OPINFO_MERGE_DETAILS", "").split(",") if s.strip()]
+    for path in paths:
+        for name, rec in json.loads(Path(path).read_text()).items():
+            kind, rest = name.split(":", 1)
+            key, ds = rest.rsplit("/", 1)
+            RESULTS.setdefault((kind, key, ds), _rec_from_json(rec))
+    if paths:
+        _STATE["merged_details"] = paths
+
+
 class _SummaryPlugin:
     def __init__(self) -> None:
         self.summary: dict | None = None
 
     def pytest_sessionfinish(self, session, exitstatus) -> None:
+        _merge_details()
         if not RESULTS:
             return
         self.summary = _summary()
