@@ -199,14 +199,19 @@ def test_model_matches_cpu(name: str) -> None:
     record(rep)
 
 
-# Host syncs of one greedy generate() of 8 new tokens from a padded batch, all Python-level
+# Host syncs of one greedy generate() of NEW_TOKENS new tokens from a padded batch, all Python-level
 # decisions transformers makes (none come from the backend):
 #   setup: `isin(eos, pad).any()`, the eos-id validity check, the negative-id check, and for
 #   decoder-only models `any(attention_mask[:, -1] == 0)` (right padding) plus the padding-side check;
 #   per new token: the stopping check `unfinished_sequences.max() == 0`;
 #   masks: decoder-only sdpa_mask asks `padding_mask.all()` once for the prefill and once per decode
-#   step; T5 asks it for the encoder mask once and for the cross-attention mask at each of 8 steps.
-GENERATE_SYNCS = {"llama": 5 + 8 + (1 + 8), "gpt2": 5 + 8 + (1 + 8), "t5": 3 + 8 + (1 + 8)}
+#   step; T5 asks it for the encoder mask once and for the cross-attention mask at each step.
+NEW_TOKENS = 6
+GENERATE_SYNCS = {
+    "llama": 5 + NEW_TOKENS + (1 + NEW_TOKENS),
+    "gpt2": 5 + NEW_TOKENS + (1 + NEW_TOKENS),
+    "t5": 3 + NEW_TOKENS + (1 + NEW_TOKENS),
+}
 
 
 @pytest.mark.parametrize("name", ["llama", "gpt2", "t5"])
@@ -218,7 +223,7 @@ def test_generate_greedy_matches_cpu(name: str) -> None:
         mask = torch.ones(BATCH, 6, dtype=torch.long)
         mask[1, :2] = 0
         inputs = {"input_ids": case.batch["input_ids"][:, :6], "attention_mask": mask}
-    ref, out, fallbacks, syncs = compare_generate(case.model, inputs, max_new_tokens=8, min_new_tokens=8,
+    ref, out, fallbacks, syncs = compare_generate(case.model, inputs, max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS,
                                                   do_sample=False)
     assert fallbacks == {}, fallbacks
     assert torch.equal(out, ref), (out, ref)
@@ -226,25 +231,25 @@ def test_generate_greedy_matches_cpu(name: str) -> None:
 
 
 def test_generate_static_cache_llama_matches_cpu() -> None:
-    """Static KV cache (in-place index_copy_ into preallocated buffers, fixed mask shapes)."""
+    """Static KV cache: in-place writes into preallocated cache buffers, fixed-size masks."""
     case = llama()
     mask = torch.ones(BATCH, 6, dtype=torch.long)
     mask[1, :2] = 0
     inputs = {"input_ids": case.batch["input_ids"][:, :6], "attention_mask": mask}
-    ref, out, fallbacks, syncs = compare_generate(case.model, inputs, max_new_tokens=8, min_new_tokens=8,
+    ref, out, fallbacks, syncs = compare_generate(case.model, inputs, max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS,
                                                   do_sample=False, cache_implementation="static")
     assert fallbacks == {}, fallbacks
     assert torch.equal(out, ref), (out, ref)
-    # The 5 setup checks and 8 stopping checks of GENERATE_SYNCS; the static cache's masks have
+    # The 5 setup checks and per-token stopping checks of GENERATE_SYNCS; the static cache's masks have
     # kv_len != q_len, so sdpa_mask only asks once (prefill) whether the padding can be dropped.
-    assert syncs == 5 + 8 + 1, syncs
+    assert syncs == 5 + NEW_TOKENS + 1, syncs
 
 
 def test_index_with_tensor_indices_needs_no_host_sync() -> None:
     """transformers' padding_mask_function gathers `padding_mask[batch_idx, kv_idx]` for every new
     mask shape: building that program must not read the index tensors back to the host."""
-    mask = torch.rand(3, 17) > 0.3  # a shape no other test uses, so the program is built here
-    b, kv = torch.arange(3)[:, None, None, None], torch.arange(17)
+    mask = torch.rand(3, 37) > 0.3  # a shape no other test uses, so the program is built here
+    b, kv = torch.arange(3)[:, None, None, None], torch.arange(37)
     dm, db, dkv = mask.to("tpu"), b.to("tpu"), kv.to("tpu")
     torch_tpu.synchronize()
     before = torch_tpu.dispatch_stats()["host_syncs"]
