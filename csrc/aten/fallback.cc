@@ -467,8 +467,7 @@ void convert_bool_indices(const c10::OperatorHandle& op, torch::jit::Stack* stac
     for (const c10::IValue& e : args[j].toListRef()) {
       if (e.isTensor() && (e.toTensor().scalar_type() == at::kBool || e.toTensor().scalar_type() == at::kByte)) {
         const at::Tensor& mask = e.toTensor();
-        at::Tensor nz = mask.to(c10::kCPU).nonzero();
-        dispatch_stats().host_syncs++;
+        at::Tensor nz = mask.to(c10::kCPU).nonzero();  // the read is counted by the copy
         for (int64_t d = 0; d < mask.dim(); ++d)
           fixed.push_back(nz.select(1, d).to(mask.device().type() == kTpu ? mask.device() : c10::Device(kTpu, 0)));
         changed = true;
@@ -488,7 +487,7 @@ void tpu_boxed_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet, torch:
   if (!dunder && base.size() > 1 && base.back() == '_') base.pop_back();
   std::string why = "no lowering";
   if (is_host_sync_op(base)) {
-    dispatch_stats().host_syncs++;
+    // One host sync: the CPU fallback's input copy is the read, and the copy path counts it.
     at::native::cpu_fallback(op, stack, false);
     return;
   }
