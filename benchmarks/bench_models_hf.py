@@ -155,6 +155,12 @@ def bench_model(name: str, build: Builder) -> dict[str, Any]:
     syncs_before = torch_tpu.dispatch_stats()["host_syncs"]
     fwd_times = interleaved(fwd, REPEATS)
     step_times = interleaved(step, REPEATS)
+    # Launches (one per op in strict eager) of one forward / one train step, for the per-op cost.
+    launches = {}
+    for kind, fn in (("fwd", fwd[TPU]), ("step", step[TPU])):
+        n0 = torch_tpu.dispatch_stats()["launches"]
+        fn()
+        launches[kind] = torch_tpu.dispatch_stats()["launches"] - n0
     after = torch_tpu.cache_stats()
     fwd_ms = {d: median(ts) * 1e3 for d, ts in fwd_times.items()}
     step_ms = {d: median(ts) * 1e3 for d, ts in step_times.items()}
@@ -174,6 +180,10 @@ def bench_model(name: str, build: Builder) -> dict[str, Any]:
         "step_cpu_default_threads_ms": step_ms["cpu_default_threads"],
         "step_cpu_1thread_ms": step_ms["cpu_1thread"],
         "step_ratio_tpu_over_cpu": step_ms[TPU] / step_ms["cpu"],
+        "tpu_launches_per_forward": launches["fwd"],
+        "tpu_launches_per_step": launches["step"],
+        "tpu_ms_per_launch_fwd": fwd_ms[TPU] / max(launches["fwd"], 1),
+        "tpu_ms_per_launch_step": step_ms[TPU] / max(launches["step"], 1),
         "tpu_first_forward_ms": first_fwd * 1e3,
         "tpu_first_step_ms": first_step * 1e3,
         "fwd_times_s": fwd_times,
