@@ -157,27 +157,31 @@ Value along(Builder& b, const std::vector<int64_t>& v, ElemType t, const Shape& 
   return b.broadcast_in_dim(b.convert(pool_const_ints(b, v, ElemType::S64), t), shape, {dim});
 }
 
-// NaN-aware (value, flat index) max over axis `ax`, as PyTorch's CPU kernels scan a window:
-// `if (val > maxval || isnan(val))` -> the first maximum, or the last NaN.
-std::vector<Value> argmax_reduce(Builder& b, Value v, Value ix, int64_t ax) {
-  ElemType e = v.elem();
-  return b.reduce_multi(
-      {v, ix}, {b.lowest(e), b.constant_i(std::numeric_limits<int64_t>::max(), ElemType::S64)}, {ax},
-      [&](const std::vector<Value>& a) {
-        Value av = a[0], ai = a[1], bv = a[2], bi = a[3];
-        Value a_nan = b.compare(Cmp::NE, av, av), b_nan = b.compare(Cmp::NE, bv, bv);
-        // Total order: NaN (larger index first) > numbers (larger value, then smaller index).
-        Value both_nan = b.and_(a_nan, b_nan);
-        Value bi_gt = b.compare(Cmp::GT, bi, ai), bi_lt = b.compare(Cmp::LT, bi, ai);
-        Value num = b.or_(b.compare(Cmp::GT, bv, av), b.and_(b.compare(Cmp::EQ, bv, av), bi_lt));
-        Value take_b = b.select(both_nan, bi_gt,
-                                b.select(b_nan, b.not_(a_nan), b.and_(b.not_(a_nan), num)));
-        // (the init (-inf, INT64_MAX) loses every tie to a real element)
-        return std::vector<Value>{b.select(take_b, bv, av), b.select(take_b, bi, ai)};
-      });
+// NaN-aware (value, flat index) max, as PyTorch's CPU kernels scan a window:
+// `if (val > maxval || isnan(val))` -> the first maximum, or the last NaN. A total order
+// (NaN with larger index > NaN > numbers by value, then smaller index), so it is a valid
+// commutative/associative reduction body; the init (-inf, INT64_MAX) loses every tie.
+std::vector<Value> argmax_body(Builder& b, const std::vector<Value>& a) {
+  Value av = a[0], ai = a[1], bv = a[2], bi = a[3];
+  Value a_nan = b.compare(Cmp::NE, av, av), b_nan = b.compare(Cmp::NE, bv, bv);
+  Value num = b.or_(b.compare(Cmp::GT, bv, av), b.and_(b.compare(Cmp::EQ, bv, av), b.compare(Cmp::LT, bi, ai)));
+  Value take_b = b.select(b.and_(a_nan, b_nan), b.compare(Cmp::GT, bi, ai),
+                          b.select(b_nan, b.not_(a_nan), b.and_(b.not_(a_nan), num)));
+  return {b.select(take_b, bv, av), b.select(take_b, bi, ai)};
 }
 
-// ---- max pooling with indices, nsp spatial dims
+std::vector<Value> argmax_inits(Builder& b, ElemType e) {
+  return {b.lowest(e), b.constant_i(std::numeric_limits<int64_t>::max(), ElemType::S64)};
+}
+
+std::vector<Value> argmax_reduce(Builder& b, Value v, Value ix, int64_t ax) {
+  return b.reduce_multi({v, ix}, argmax_inits(b, v.elem()), {ax},
+                        [&](const std::vector<Value>& a) { return argmax_body(b, a); });
+}
+
+// ---- max pooling with indices, nsp spatial dims: one variadic reduce_window over (values,
+// flat input index) with the kernel's strides, dilations and padding (padding takes the init
+// value, so it never wins against a real element).
 std::vector<Value> max_pool_nd(Builder& b, const OpCall& c, size_t nsp) {
   Value x = c.tensor("self");
   if (!shlo::is_float(x.elem()) && x.elem() != ElemType::S64 && x.elem() != ElemType::S32)
@@ -186,43 +190,43 @@ std::vector<Value> max_pool_nd(Builder& b, const OpCall& c, size_t nsp) {
   auto s = nlist(c, "stride", nsp, k), p = nlist(c, "padding", nsp, {0}), d = nlist(c, "dilation", nsp, {1});
   const Shape& os = out_type(c, 0).shape;
   const int64_t r = x.rank(), off = r - static_cast<int64_t>(nsp);
-  // Pad (lowest value) so every window of the (possibly ceil_mode) output is in bounds.
-  Shape lo(r, 0), hi(r, 0);
-  for (size_t i = 0; i < nsp; ++i) {
-    int64_t in = x.shape()[off + i], o = os[off + i];
-    lo[off + i] = p[i];
-    hi[off + i] = std::max<int64_t>(0, (o - 1) * s[i] + (k[i] - 1) * d[i] + 1 - in - p[i]);
-  }
-  Value xp = b.pad(x, b.lowest(x.elem()), lo, hi);
-  // Flat input index of every padded position (padding never wins unless the whole window is
-  // padding, which PyTorch forbids).
-  const Shape& ps = xp.shape();
-  Type it{ElemType::S64, ps};
-  Value flat = b.constant_i(0, ElemType::S64, ps);
+  const Shape& xs = x.shape();
+  Type it{ElemType::S64, xs};
+  Value flat = b.constant_i(0, ElemType::S64, xs);
   int64_t stride = 1;
   for (int64_t i = static_cast<int64_t>(nsp) - 1; i >= 0; --i) {
-    Value pos = b.sub(b.iota(it, off + i), b.constant_i(p[i], ElemType::S64, ps));
-    flat = b.add(flat, b.mul(pos, b.constant_i(stride, ElemType::S64, ps)));
-    stride *= x.shape()[off + i];
+    flat = b.add(flat, b.mul(b.iota(it, off + i), b.constant_i(stride, ElemType::S64, xs)));
+    stride *= xs[off + i];
   }
-  std::vector<Value> vals, idxs;
-  Shape one = os;
-  one.push_back(1);
-  std::vector<int64_t> kk(nsp, 0);  // odometer over window offsets
-  while (true) {
-    Shape st(r, 0), lim = ps, strides(r, 1);
-    for (size_t i = 0; i < nsp; ++i) {
-      st[off + i] = kk[i] * d[i];
-      lim[off + i] = st[off + i] + (os[off + i] - 1) * s[i] + 1;
-      strides[off + i] = s[i];
+  Shape win(r, 1), str(r, 1), dil(r, 1), rs = xs;
+  std::string pad = "dense<[";
+  for (int64_t i = 0; i < r; ++i) {
+    int64_t lo = 0, hi = 0;
+    if (i >= off) {
+      const size_t j = static_cast<size_t>(i - off);
+      win[i] = k[j];
+      str[i] = s[j];
+      dil[i] = d[j];
+      lo = p[j];
+      const int64_t span = (k[j] - 1) * d[j] + 1;
+      hi = std::max<int64_t>(0, (os[i] - 1) * s[j] + span - xs[i] - p[j]);
+      rs[i] = (xs[i] + lo + hi - span) / s[j] + 1;
     }
-    vals.push_back(b.reshape(b.slice(xp, st, lim, strides), one));
-    idxs.push_back(b.reshape(b.slice(flat, st, lim, strides), one));
-    size_t i = nsp;
-    while (i > 0 && ++kk[i - 1] == k[i - 1]) kk[--i] = 0;
-    if (i == 0) break;
+    pad += std::string(i ? ", " : "") + "[" + std::to_string(lo) + ", " + std::to_string(hi) + "]";
   }
-  auto res = argmax_reduce(b, b.concatenate(vals, r), b.concatenate(idxs, r), r);
+  pad += "]> : tensor<" + std::to_string(r) + "x2xi64>";
+  const ElemType e = x.elem();
+  std::string reg = b.region({Type{e, {}}, Type{ElemType::S64, {}}, Type{e, {}}, Type{ElemType::S64, {}}},
+                             [&](const std::vector<Value>& a) { return argmax_body(b, a); });
+  auto inits = argmax_inits(b, e);
+  auto res = b.op_multi("reduce_window", {x, flat, inits[0], inits[1]}, {Type{e, rs}, Type{ElemType::S64, rs}},
+                        "window_dimensions = " + Builder::dense_array(win) +
+                            ", window_strides = " + Builder::dense_array(str) +
+                            ", window_dilations = " + Builder::dense_array(dil) + ", padding = " + pad,
+                        reg);
+  if (rs != os) {
+    for (Value& v : res) v = b.slice(v, Shape(r, 0), os);
+  }
   return {res[0], res[1]};
 }
 
