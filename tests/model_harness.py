@@ -65,33 +65,8 @@ def float_tensors(obj: Any) -> list[torch.Tensor]:
 
 
 def module_to(model: torch.nn.Module, *args: Any, **kwargs: Any) -> torch.nn.Module:
-    """`model.to(*args, **kwargs)` that keeps tied parameters tied (e.g. embeddings = LM head).
-
-    Plain `Module.to("tpu")` replaces each parameter with a new Parameter because PyTorch's
-    `_has_compatible_shallow_copy_type` only lists in-tree backends, so two modules sharing one
-    weight would each get their own copy on tpu. Swapping tensors in place keeps the objects.
-    """
-    # Who holds each parameter object, to re-tie if swapping is refused (swap_tensors rejects a
-    # tensor with weakrefs to it) and the plain path has to be taken.
-    holders: dict[int, list[tuple[torch.nn.Module, str]]] = {}
-    for mod in model.modules():
-        for pname, p in mod._parameters.items():
-            if p is not None:
-                holders.setdefault(id(p), []).append((mod, pname))
-    prev = torch.__future__.get_swap_module_params_on_conversion()
-    torch.__future__.set_swap_module_params_on_conversion(True)
-    try:
-        return model.to(*args, **kwargs)
-    except RuntimeError:
-        torch.__future__.set_swap_module_params_on_conversion(prev)
-        model.to(*args, **kwargs)
-        for group in holders.values():
-            first_mod, first_name = group[0]
-            for mod, pname in group[1:]:
-                mod._parameters[pname] = first_mod._parameters[first_name]
-        return model
-    finally:
-        torch.__future__.set_swap_module_params_on_conversion(prev)
+    """`model.to(...)`, the user's path: torch_tpu keeps tied parameters tied across tpu moves."""
+    return model.to(*args, **kwargs)
 
 
 def max_err(a: Sequence[torch.Tensor], b: Sequence[torch.Tensor]) -> tuple[float, float]:
