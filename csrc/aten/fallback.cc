@@ -186,6 +186,38 @@ bool is_fused_optimizer(const std::string& base) {
   return base == "_fused_adam" || base == "_fused_adamw" || base == "_fused_sgd";
 }
 
+// _foreach_* list ops: lowered as one program per call; a call the lowering path cannot take
+// keeps PyTorch's per-tensor composite (one launch per element) instead of the CPU fallback.
+bool is_foreach(const std::string& base) { return base.compare(0, 9, "_foreach_") == 0; }
+
+bool is_scalar_list(const c10::TypePtr& type) {
+  return type->kind() == c10::TypeKind::ListType &&
+         type->containedTypes()[0]->kind() == c10::TypeKind::NumberType;
+}
+
+// Whether a foreach call fits the lowered path: non-empty, equally long lists of tpu tensors,
+// tensor scalars on the tpu or 0-d on the host. Anything else (mixed devices, empty lists,
+// a 1-D host scalars tensor) goes to the composite.
+bool foreach_lowerable(const c10::FunctionSchema& schema, c10::ArrayRef<c10::IValue> args) {
+  std::optional<size_t> len;
+  for (size_t j = 0; j < args.size(); ++j) {
+    const c10::IValue& v = args[j];
+    if (v.isTensorList()) {
+      auto l = v.toTensorList();
+      if (l.size() == 0 || (len && *len != l.size())) return false;
+      len = l.size();
+      for (const at::Tensor& t : l)
+        if (!t.defined() || t.device().type() != kTpu) return false;
+    } else if (v.isTensor()) {
+      const at::Tensor& t = v.toTensor();
+      if (t.defined() && t.device().type() != kTpu && !(t.device().is_cpu() && t.dim() == 0)) return false;
+    } else if (is_scalar_list(schema.arguments()[j].type())) {
+      if (len && *len != v.toListRef().size()) return false;
+    }
+  }
+  return len.has_value();
+}
+
 // Whether the elements of mutated list argument `name` are written by this call. The in-place
 // fused optimizers declare grads (unscaled in place) and max_exp_avg_sqs mutable, but write them
 // only with a grad_scale / with amsgrad; the lowering returns values for exactly these lists.
@@ -219,8 +251,10 @@ bool run_lowered(const c10::OperatorHandle& op, const lowering::OpEntry& entry,
   const auto& rets = schema.returns();
   // An op returning one bool (equal) is lowered to a 0-d bool tensor and read back on the host.
   const bool bool_result = rets.size() == 1 && rets[0].type()->kind() == c10::TypeKind::BoolType;
+  // Out-of-place foreach ops return one fresh tensor per list element.
+  const bool list_result = is_foreach(base) && rets.size() == 1 && rets[0].type()->kind() == c10::TypeKind::ListType;
   for (const auto& r : rets) {
-    if (bool_result) break;
+    if (bool_result || list_result) break;
     if (r.type()->kind() != c10::TypeKind::TensorType && !is_int_return(r)) {
       *why = "returns a non-tensor";
       return false;
@@ -289,6 +323,11 @@ bool run_lowered(const c10::OperatorHandle& op, const lowering::OpEntry& entry,
                              iv.isSymInt() ? iv.toSymInt().expect_int() : iv.toInt()});
         continue;
       }
+      if (list_result) {
+        for (const at::Tensor& m : meta[i].toTensorList())
+          res->outs.push_back({m.sizes().vec(), m.strides().vec(), m.scalar_type()});
+        continue;
+      }
       const at::Tensor& m = meta[i].toTensor();
       if (!m.defined()) {  // e.g. a backward op whose output_mask skips this gradient
         res->outs.push_back({{}, {}, c10::ScalarType::Undefined});
@@ -308,14 +347,14 @@ bool run_lowered(const c10::OperatorHandle& op, const lowering::OpEntry& entry,
   //    functional returns are fresh tensors with the meta strides.
   c10::DeviceGuard guard(c10::Device(kTpu, static_cast<c10::DeviceIndex>(device)));
   std::vector<at::Tensor> outs;
-  for (size_t i = 0; i < rets.size(); ++i) {
+  for (size_t i = 0; i < mr->outs.size(); ++i) {
     const MetaOut& m = mr->outs[i];
     if (m.int_value) continue;  // not a tensor: pushed back in place below
     if (m.dtype == c10::ScalarType::Undefined) {
       outs.emplace_back();
       continue;
     }
-    if (rets[i].alias_info()) {
+    if (!list_result && rets[i].alias_info()) {
       const auto& before = rets[i].alias_info()->beforeSets();
       at::Tensor real;
       for (size_t j = 0; j < n; ++j) {
@@ -373,6 +412,19 @@ bool run_lowered(const c10::OperatorHandle& op, const lowering::OpEntry& entry,
     // A float learning rate changes every step under a scheduler: pass it as a runtime operand
     // (like a Scalar) rather than a compile-time constant, so the step program compiles once.
     if (is_fused_optimizer(base) && a.name == "lr" && args[j].isDouble()) a.hint = NamedArg::Hint::Scalar;
+    // A foreach ScalarList (per-element lr / bias corrections) becomes 0-d host tensors: runtime
+    // operands, not constants, so new values never recompile.
+    if (is_foreach(base) && is_scalar_list(sargs[j].type())) {
+      c10::List<at::Tensor> l;
+      for (const c10::IValue& e : args[j].toListRef()) {
+        const c10::Scalar sc = e.toScalar();
+        l.push_back(at::scalar_tensor(sc, at::TensorOptions().dtype(sc.isFloatingPoint() ? at::kDouble
+                                                                     : sc.isBoolean()      ? at::kBool
+                                                                     : sc.isComplex()      ? at::kComplexDouble
+                                                                                           : at::kLong)));
+      }
+      a.value = l;
+    }
     bool is_out = sargs[j].is_out();
     if (!is_out && args[j].isTensor() && args[j].toTensor().defined()) {
       rts = at::native::update_result_type_state(args[j].toTensor(), rts);
@@ -397,6 +449,10 @@ bool run_lowered(const c10::OperatorHandle& op, const lowering::OpEntry& entry,
   torch::jit::drop(*stack, n);
   if (bool_result) {
     stack->push_back(c10::IValue(outs[0].item<bool>()));  // the host read (a counted sync)
+    return true;
+  }
+  if (list_result) {
+    stack->push_back(c10::List<at::Tensor>(outs));
     return true;
   }
   size_t next = 0;
@@ -493,10 +549,18 @@ void tpu_boxed_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet, torch:
   }
   if (base == "index") convert_bool_indices(op, stack);
   if (const lowering::OpEntry* entry = lowering::find_op(base); entry && !entry->graph_only) {
+    const bool foreach = is_foreach(base);
     try {
-      if (run_lowered(op, *entry, base, stack, &why)) return;
+      if ((!foreach || foreach_lowerable(op.schema(), torch::jit::last(*stack, op.schema().arguments().size()))) &&
+          run_lowered(op, *entry, base, stack, &why))
+        return;
     } catch (const lowering::Unsupported& e) {
       why = std::string("lowering refused: ") + e.what();
+    }
+    if (foreach && op.hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutograd)) {
+      // PyTorch's per-tensor loop: every backend without its own kernel (PrivateUse2 here) holds it.
+      op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::PrivateUse2), stack);
+      return;
     }
   }
   cpu_fallback(op, stack, why);
@@ -527,7 +591,7 @@ void register_lowered_kernels() {
     bool list_return = false;
     for (const auto& r : op->schema().returns())
       list_return |= r.type()->kind() == c10::TypeKind::ListType;
-    if (list_return) continue;
+    if (list_return && !(is_foreach(base) && op->schema().returns().size() == 1)) continue;
     std::string full = on.name.substr(6) + (on.overload_name.empty() ? "" : "." + on.overload_name);
     lib->impl(full.c_str(), torch::CppFunction::makeFromBoxedFunction<&tpu_boxed_kernel>());
   }
