@@ -249,3 +249,25 @@ def test_adamw_foreach_step_launches_do_not_grow_with_tensor_count() -> None:
     small, large = _adamw_step_launches(3), _adamw_step_launches(24)
     assert small == large, (small, large)
     assert large < 12, large
+
+
+def test_in_place_through_views() -> None:
+    base = torch.randn(4, 3)
+    dbase = base.to("tpu")
+    views, dviews = [base[:, 1], base.t(), base[2:]], [dbase[:, 1], dbase.t(), dbase[2:]]
+    torch._foreach_mul_(dviews[:1], 3.0)
+    torch._foreach_mul_(views[:1], 3.0)
+    torch._foreach_add_(dviews[1:], [0.5, -1.0])
+    torch._foreach_add_(views[1:], [0.5, -1.0])
+    _close(dbase, base)
+
+
+def test_in_place_with_an_operand_aliasing_another_element() -> None:
+    # element 1 reads element 0 after PyTorch's loop wrote it: the lowered path must not run
+    (a,) = _lists(1, seed=11)
+    a = [t.reshape(-1)[:1].clone() for t in a]
+    da = _tpu(a)
+    torch._foreach_add_(da, [da[1], da[0], da[3], da[2]])
+    torch._foreach_add_(a, [a[1], a[0], a[3], a[2]])
+    for d, c in zip(da, a, strict=True):
+        _close(d, c)

@@ -9,6 +9,7 @@
 #include <c10/core/DeviceGuard.h>
 #include <torch/library.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <map>
 #include <mutex>
@@ -215,7 +216,39 @@ bool foreach_lowerable(const c10::FunctionSchema& schema, c10::ArrayRef<c10::IVa
       if (len && *len != v.toListRef().size()) return false;
     }
   }
-  return len.has_value();
+  if (!len) return false;
+  // In place, PyTorch writes element i before reading element i+1: an element written here that
+  // overlaps another index's element (of any list) would read differently in one program.
+  struct Span { const void* storage; int64_t lo, hi; size_t idx; bool written; };
+  std::vector<Span> spans;
+  bool any_written = false;
+  for (size_t j = 0; j < args.size(); ++j) {
+    if (!args[j].isTensorList()) continue;
+    const auto* ai = schema.arguments()[j].alias_info();
+    bool written = ai && ai->isWrite();
+    any_written |= written;
+    auto l = args[j].toTensorList();
+    for (size_t i = 0; i < l.size(); ++i) {
+      const at::Tensor& t = l[i];
+      int64_t extent = 1;
+      for (int64_t d = 0; d < t.dim(); ++d) extent += (t.size(d) - 1) * t.stride(d);
+      if (t.numel() == 0) extent = 0;
+      spans.push_back({t.storage().unsafeGetStorageImpl(), t.storage_offset(), t.storage_offset() + extent, i, written});
+    }
+  }
+  if (!any_written) return true;
+  // Sorted by storage then start, only neighbours that overlap are compared (O(n log n) for
+  // disjoint parameters, even when they share one flat storage).
+  std::sort(spans.begin(), spans.end(), [](const Span& a, const Span& b) {
+    return a.storage != b.storage ? std::less<const void*>()(a.storage, b.storage) : a.lo < b.lo;
+  });
+  for (size_t x = 0; x < spans.size(); ++x) {
+    for (size_t y = x + 1; y < spans.size() && spans[y].storage == spans[x].storage && spans[y].lo < spans[x].hi; ++y) {
+      const Span &a = spans[x], &b = spans[y];
+      if (a.idx != b.idx && (a.written || b.written) && a.hi > a.lo && b.hi > b.lo) return false;
+    }
+  }
+  return true;
 }
 
 // Whether the elements of mutated list argument `name` are written by this call. The in-place
