@@ -271,3 +271,22 @@ def test_in_place_with_an_operand_aliasing_another_element() -> None:
     torch._foreach_add_(a, [a[1], a[0], a[3], a[2]])
     for d, c in zip(da, a, strict=True):
         _close(d, c)
+
+
+@pytest.mark.parametrize("name", ["sgd_nesterov", "adamw_amsgrad"])
+def test_optimizer_foreach_in_fused_eager(name: str) -> None:
+    from torch_tpu import EagerMode, set_eager_mode
+
+    results = []
+    for dev in ("cpu", "tpu"):
+        ps = _model(dev)
+        opt = OPTIMS[name](ps)
+        with set_eager_mode(EagerMode.DEFER_AND_FUSE):
+            for step in range(3):
+                g = torch.Generator().manual_seed(200 + step)
+                for p in ps:
+                    p.grad = torch.randn(p.shape, generator=g).to(dev)
+                opt.step()
+            results.append([p.detach().cpu() for p in ps])
+    for t, c in zip(results[1], results[0], strict=True):
+        _close(t, c)
