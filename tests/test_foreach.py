@@ -185,6 +185,13 @@ OPTIMS: dict[str, Callable[[list[nn.Parameter]], torch.optim.Optimizer]] = {
     "adamw": lambda p: torch.optim.AdamW(p, lr=0.05),
     "adamw_tensor_lr": lambda p: torch.optim.AdamW(p, lr=torch.tensor(0.05)),
     "adamw_amsgrad": lambda p: torch.optim.AdamW(p, lr=0.05, amsgrad=True),
+    # capturable: 0-d step tensors on the device, _foreach_pow(beta, steps), _foreach_neg_, ...
+    "adam_capturable_amsgrad": lambda p: torch.optim.Adam(
+        p, lr=0.05, amsgrad=True, weight_decay=0.1, capturable=p[0].device.type == "tpu"
+    ),
+    "adamw_capturable_tensor_lr": lambda p: torch.optim.AdamW(
+        p, lr=torch.tensor(0.05, device=p[0].device), capturable=p[0].device.type == "tpu"
+    ),
 }
 
 
@@ -234,11 +241,11 @@ def test_clip_grad_norm_matches_cpu() -> None:
     assert _launches() - before == launches
 
 
-def _adamw_step_launches(n: int) -> int:
+def _adamw_step_launches(n: int, capturable: bool = False) -> int:
     ps = [nn.Parameter(torch.randn(3, device="tpu")) for _ in range(n)]
     for p in ps:
         p.grad = torch.ones_like(p)
-    opt = torch.optim.AdamW(ps, lr=0.01)
+    opt = torch.optim.AdamW(ps, lr=0.01, capturable=capturable)
     opt.step()  # state creation
     before = _launches()
     opt.step()
@@ -249,6 +256,9 @@ def test_adamw_foreach_step_launches_do_not_grow_with_tensor_count() -> None:
     small, large = _adamw_step_launches(3), _adamw_step_launches(24)
     assert small == large, (small, large)
     assert large < 12, large
+    small, large = _adamw_step_launches(3, capturable=True), _adamw_step_launches(24, capturable=True)
+    assert small == large, (small, large)
+    assert large < 24, large
 
 
 def test_in_place_through_views() -> None:
