@@ -64,7 +64,32 @@ SKIPS: dict[tuple[str, str], str] = {
     ),
 }
 
+_GRAD_ACC = (
+    "numerical mismatch (float32 accumulation): in 1-2 of the op's samples, 1-2 gradient elements "
+    "(of products chaining several matmuls) differ from the CPU's by 1.0e-5 to 1.1e-4 absolute, "
+    "over float32's atol of 1e-5; the tpu grads are not within tolerance of the float64 "
+    "reference either"
+)
+
+_GRAD_TIES = (
+    "tie order, not a bug: the bfloat16 samples hold many equal values and sort/topk (stable=False) "
+    "may pick a different index among equal elements than the CPU, so the gradient lands on a "
+    "different (equal-valued) element; forward values match"
+)
+
 GRAD_SKIPS: dict[tuple[str, str], str] = {
+    **{(op, "bfloat16"): _GRAD_TIES for op in ("sort", "msort", "topk")},
+    ("nn.functional.normalize", "bfloat16"): (
+        "numerical mismatch: p=0.5 samples, grads differ by up to 0.0625 absolute (3 of 40 "
+        "elements) in the norm backward of bfloat16 inputs"
+    ),
+    ("nn.functional.linear_cross_entropy.chunked_none", "bfloat16"): (
+        "numerical mismatch: 4 of 91 samples have one grad element 1.1x over bfloat16's 2e-2 "
+        "tolerance (e.g. 0.0225 absolute)"
+    ),
+    **{(op, "float32"): _GRAD_ACC for op in (
+        "__rmatmul__", "linalg.householder_product", "linalg.lstsq", "linalg.multi_dot",
+    )},
     ("nn.functional.scaled_dot_product_attention", "float32"): (
         "numerical mismatch (SDPA owner, attention.cc): is_causal=True grads of query differ from the "
         "CPU's by up to ~5e-5 absolute (7 of 96 elements), also against the float64 reference"

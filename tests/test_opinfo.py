@@ -302,6 +302,19 @@ def _tpu_sample(key: str, sample):
     return inp, args, kwargs
 
 
+def _on_device(x) -> bool:
+    """Whether a moved sample reaches tpu at all (a tensor or a device argument)."""
+    if isinstance(x, torch.Tensor):
+        return x.device.type == DEV
+    if isinstance(x, torch.device) or (isinstance(x, str) and x == DEV):
+        return x == DEV or getattr(x, "type", None) == DEV
+    if isinstance(x, (list, tuple)):
+        return any(_on_device(v) for v in x)
+    if isinstance(x, dict):
+        return any(_on_device(v) for v in x.values())
+    return False
+
+
 def _sample_is_random(key: str, sample) -> bool:
     """Samples of deterministic ops that still draw random numbers (dropout inside attention)."""
     kw = sample.kwargs
@@ -417,6 +430,10 @@ def _run_sample_inner(op, sample, rec: dict, random: bool, dtype: torch.dtype) -
     key = _key(op)
     random = random or _sample_is_random(key, sample)
     tpu_input, tpu_args, tpu_kwargs = _tpu_sample(key, sample)
+    if not _on_device((tpu_input, tpu_args, tpu_kwargs)):
+        # e.g. arange(2): no tensor and no device argument, so nothing runs on tpu: not counted
+        rec["not_on_device"] = rec.get("not_on_device", 0) + 1
+        return
     # Pristine float64 copy for the higher-precision check (the CPU run may mutate `sample`).
     hp = (_upcast(sample.input), _upcast(sample.args), _upcast(sample.kwargs)) \
         if dtype in HP_DTYPES and not random else None
@@ -878,6 +895,8 @@ def _summary() -> dict:
                                          if r.get("truncated_by_map_guard")),
         "worker_processes": _STATE["worker_processes"],
         "merged_details": _STATE.get("merged_details", []),
+        "opinfos_with_records": {kind: len({k for (kk, k, _d), r in RESULTS.items() if kk == kind and r["run"]})
+                                 for kind in ("forward", "inplace", "grad")},
         "wall_s": round(time.monotonic() - _STATE["start"], 1) if _STATE["start"] else 0.0,
         "pass_and_lowered_threshold": PASS_AND_LOWERED_THRESHOLD,
         **fwd,

@@ -121,7 +121,12 @@ std::vector<Value> bn_backward(Builder& b, const OpCall& c, bool train, Value sa
   } else {
     gi = b.mul(go, per_channel(b, b.mul(w, invstd), x.shape()));
   }
-  return {gi, b.reshape(sum_go_xhat, out_type(c, 1).shape), b.reshape(sum_go, out_type(c, 2).shape)};
+  // grad_weight/grad_bias not asked for by output_mask are undefined outputs (not [C]): zeros.
+  auto fit = [&](Value v, size_t i) {
+    const Type& ot = out_type(c, i);
+    return ot.numel() == v.type.numel() ? b.reshape(v, ot.shape) : b.zeros(Type{t, ot.shape});
+  };
+  return {gi, fit(sum_go_xhat, 1), fit(sum_go, 2)};
 }
 
 }  // namespace

@@ -28,8 +28,10 @@ ElemType prod_type(ElemType out) {
 Value dot(Builder& b, Value l, Value r, const std::vector<int64_t>& lb, const std::vector<int64_t>& rb,
           const std::vector<int64_t>& lc, const std::vector<int64_t>& rc, ElemType t) {
   if (shlo::is_float(t)) {
-    // Both operands must share an element type; widen the narrower one when they differ.
-    if (l.elem() != r.elem() || !shlo::is_float(l.elem())) {
+    // Both operands must share an element type; widen the narrower one when they differ. XLA:CPU's
+    // DotThunk also rejects some bf16 x bf16 = f32 products at run time (seen in bilinear's
+    // backward), so narrow floats are widened to the result type too (exact).
+    if (l.elem() != r.elem() || !shlo::is_float(l.elem()) || shlo::bit_width(l.elem()) < shlo::bit_width(t)) {
       l = b.convert(l, t);
       r = b.convert(r, t);
     }
