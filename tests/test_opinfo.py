@@ -908,6 +908,7 @@ def _summary() -> dict:
                      "aten_fallbacks_by_opinfo_count ranks the ATen ops that fell back during backward "
                      "by how many OpInfos needed them."),
             "opinfos_run": _STATE["grad_ops_run"],
+            "wall_s": round(time.monotonic() - _STATE["grad_start"], 1) if _STATE["grad_start"] else 0.0,
             "opinfos_skipped_for_budget": _STATE["grad_ops_budget_skipped"],
             "max_samples_per_op_dtype": GRAD_MAX_SAMPLES,
             **grad,
