@@ -151,19 +151,19 @@ def test_unet2d_condition() -> None:
 
 def test_sd3_transformer() -> None:
     target = torch.randn(2, 4, 16, 16, generator=torch.Generator().manual_seed(9))
-    rep = check_model("diffusers_sd3_transformer", tiny_sd3(), sd3_batch(), _mse_to(target), steps=8, lr=1e-3)
+    rep = check_model("diffusers_sd3_transformer", tiny_sd3(), sd3_batch(), _mse_to(target), steps=20, lr=1e-3)
     _assert_report(rep)
 
 
 def test_flux_transformer() -> None:
     target = torch.randn(2, 16, 8, generator=torch.Generator().manual_seed(9))
-    rep = check_model("diffusers_flux_transformer", tiny_flux(), flux_batch(), _mse_to(target), steps=8, lr=1e-3)
+    rep = check_model("diffusers_flux_transformer", tiny_flux(), flux_batch(), _mse_to(target), steps=20, lr=1e-3)
     _assert_report(rep)
 
 
 def test_autoencoder_kl() -> None:
     x = torch.randn(2, 3, 16, 16, generator=torch.Generator().manual_seed(4))
-    rep = check_model("diffusers_autoencoder_kl", VaeRoundTrip(tiny_vae()), x, _mse_to(x), steps=5, lr=1e-3)
+    rep = check_model("diffusers_autoencoder_kl", VaeRoundTrip(tiny_vae()), x, _mse_to(x), steps=20, lr=1e-3)
     _assert_report(rep)
 
 

@@ -98,7 +98,7 @@ def llama_padded() -> Case:
     labels = ids.masked_fill(mask == 0, -100)
     return Case(case.model, {"input_ids": ids, "attention_mask": mask, "labels": labels}, lambda o: o.loss,
                 2, "transformers' sdpa_mask asks `padding_mask.all()`, then (q_len == kv_len) whether "
-                "`padding_mask[:, :q_len].all()` to try dropping the mask", steps=10)
+                "`padding_mask[:, :q_len].all()` to try dropping the mask", steps=20)
 
 
 def gpt2() -> Case:
@@ -162,7 +162,7 @@ def minilm() -> Case:
     # state would dominate the test's time; the position/type embeddings still train.
     model.embeddings.word_embeddings.weight.requires_grad_(False)
     return Case(model, batch, lambda o: _masked_mse(o.last_hidden_state, mask.to(o.last_hidden_state.device)),
-                1, "padded batch: transformers' sdpa_mask asks `padding_mask.all()`", steps=5, lr=1e-4)
+                1, "padded batch: transformers' sdpa_mask asks `padding_mask.all()`", steps=20, lr=1e-4)
 
 
 CASES: dict[str, Callable[[], Case]] = {
