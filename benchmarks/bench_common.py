@@ -102,3 +102,18 @@ def fmt_ratio(r: dict[str, Any]) -> str:
         return f"{r['name']} {r['value']:.2f}x"
     mark = "ok" if r["met"] else "MISS"
     return f"{r['name']} {r['value']:.2f}x (goal {r['goal']}x, {mark})"
+
+
+def one_thread(fn: Callable[[], Any]) -> Callable[[], Any]:
+    """`fn` with PyTorch's CPU intra-op pool at one thread: on a loaded shared machine OpenMP's
+    spinning threads can make the default setting several times slower."""
+
+    def wrapped() -> Any:
+        prev = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            return fn()
+        finally:
+            torch.set_num_threads(prev)
+
+    return wrapped

@@ -12,7 +12,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 import torch_tpu
-from bench_common import TPU, finish, fmt_ratio, interleaved, median, ratio, sync, time_call
+from bench_common import TPU, finish, fmt_ratio, interleaved, median, one_thread, ratio, sync, time_call
 from torch_tpu import EagerMode, set_eager_mode
 
 NAME = "models_diffusers"
@@ -108,19 +108,6 @@ def _fns(model: torch.nn.Module, inputs: dict[str, Any], on_tpu: bool) -> tuple[
         return loss
 
     return fwd, train
-
-
-def one_thread(fn: Callable[[], Any]) -> Callable[[], Any]:
-    """`fn` with PyTorch's CPU intra-op pool at one thread: on a loaded shared machine the default
-    threads' spinning can make the CPU baseline several times slower than it really is."""
-    def wrapped() -> Any:
-        prev = torch.get_num_threads()
-        torch.set_num_threads(1)
-        try:
-            return fn()
-        finally:
-            torch.set_num_threads(prev)
-    return wrapped
 
 
 def _other_modes(model: torch.nn.Module, inputs: dict[str, Any]) -> dict[str, Callable[[], Any]]:

@@ -13,7 +13,7 @@ import bench_common  # noqa: F401  (sets HF_HUB_OFFLINE before transformers load
 import torch
 import torch_tpu
 import transformers
-from bench_common import TPU, finish, fmt_ratio, interleaved, median, ratio, sync, time_call
+from bench_common import TPU, finish, fmt_ratio, interleaved, median, one_thread, ratio, sync, time_call
 
 NAME = "models_hf"
 HIDDEN, LAYERS, HEADS, FFN, SEQ, BATCH, VOCAB = 256, 4, 4, 1024, 128, 4, 1024
@@ -83,21 +83,6 @@ def to_tpu(model: torch.nn.Module) -> torch.nn.Module:
         return model.to(TPU)
     finally:
         torch.__future__.set_swap_module_params_on_conversion(prev)
-
-
-def one_thread(fn: Callable[[], Any]) -> Callable[[], Any]:
-    """`fn` with PyTorch's CPU intra-op pool at one thread: on a loaded shared machine OpenMP's
-    spinning threads can make the default setting several times slower."""
-
-    def wrapped() -> Any:
-        prev = torch.get_num_threads()
-        torch.set_num_threads(1)
-        try:
-            return fn()
-        finally:
-            torch.set_num_threads(prev)
-
-    return wrapped
 
 
 def bench_model(name: str, build: Builder) -> dict[str, Any]:

@@ -87,6 +87,19 @@ Value keep_if_skipped(Builder& b, const AmpArgs& amp, Value old_v, Value new_v) 
   return b.select(pred, old_v, new_v);
 }
 
+// The gradient in compute type `t`, unscaled by grad_scale when given (the unscaled grad is then
+// also written back, as PyTorch's kernels do; it is collected into `new_g` either way).
+Value unscaled_grad(Builder& b, const AmpArgs& amp, Value grad, ElemType t, std::vector<Value>& new_g) {
+  Value g = b.convert(grad, t);
+  if (!amp.scale) {
+    new_g.push_back(grad);
+    return g;
+  }
+  g = b.div(g, bcast(b, *amp.scale, t, grad.shape()));
+  new_g.push_back(keep_if_skipped(b, amp, grad, g));
+  return g;
+}
+
 bool is_out_overload(const OpCall& c) { return c.overload == "out" || c.overload == "tensor_lr_out"; }
 
 // The call's results. `all` maps each list name to its new values. Eager in-place calls receive
@@ -150,13 +163,7 @@ std::vector<Value> lower_fused_adam(Builder& b, const OpCall& c, AdamMode mode) 
     Value bc2_sqrt = bcast(b, b.sqrt(bc2), t, sh);
 
     Value p = b.convert(params[i], t);
-    Value g = b.convert(grads[i], t);
-    if (amp.scale) {
-      g = b.div(g, bcast(b, *amp.scale, t, sh));
-      new_g.push_back(keep_if_skipped(b, amp, grads[i], g));
-    } else {
-      new_g.push_back(grads[i]);
-    }
+    Value g = unscaled_grad(b, amp, grads[i], t, new_g);
     if (maximize) g = b.neg(g);
     if (wd != 0) {
       if (mode == AdamMode::Original) g = b.add(g, b.mul(p, C(wd)));
@@ -218,13 +225,7 @@ TPU_LOWER(_fused_sgd) {
     ElemType t = opmath(params[i].elem());
     auto C = [&](double v) { return b.constant_f(v, t, sh); };
     Value p = b.convert(params[i], t);
-    Value g = b.convert(grads[i], t);
-    if (amp.scale) {
-      g = b.div(g, bcast(b, *amp.scale, t, sh));
-      new_g.push_back(keep_if_skipped(b, amp, grads[i], g));
-    } else {
-      new_g.push_back(grads[i]);
-    }
+    Value g = unscaled_grad(b, amp, grads[i], t, new_g);
     if (maximize) g = b.neg(g);
     if (wd != 0) g = b.add(g, b.mul(p, C(wd)));
     if (momentum != 0) {
