@@ -283,6 +283,15 @@ def test_schedulers_float64() -> None:
 
 
 # ------------------------------------------------------------------ loops and pipelines
+def _assert_loop_matches_cpu(loop: Callable[[torch.device], torch.Tensor]) -> None:
+    """A sampling loop run on CPU and on tpu gives the same latents, with no CPU fallback."""
+    torch_tpu.reset_fallback_stats()
+    ref, out = loop(torch.device("cpu")), loop(TPU)
+    err, scale = max_err([out], [ref])
+    assert err <= 5e-5 * max(1.0, scale), (err, scale)
+    assert torch_tpu.fallback_stats() == {}
+
+
 def test_unet_ddim_loop_with_guidance() -> None:
     """A 3-step classifier-free-guidance DDIM loop with the tiny UNet, everything on tpu vs CPU."""
     def loop(device: torch.device) -> torch.Tensor:
@@ -299,11 +308,7 @@ def test_unet_ddim_loop_with_guidance() -> None:
                 latents = sched.step(e_u + 5.0 * (e_c - e_u), t, latents).prev_sample
         return latents.cpu()
 
-    torch_tpu.reset_fallback_stats()
-    ref, out = loop(torch.device("cpu")), loop(TPU)
-    err, scale = max_err([out], [ref])
-    assert err <= 5e-5 * max(1.0, scale), (err, scale)
-    assert torch_tpu.fallback_stats() == {}
+    _assert_loop_matches_cpu(loop)
 
 
 def test_sd3_flow_match_loop() -> None:
@@ -320,11 +325,7 @@ def test_sd3_flow_match_loop() -> None:
                 latents = sched.step(v, t, latents).prev_sample
         return latents.cpu()
 
-    torch_tpu.reset_fallback_stats()
-    ref, out = loop(torch.device("cpu")), loop(TPU)
-    err, scale = max_err([out], [ref])
-    assert err <= 5e-5 * max(1.0, scale), (err, scale)
-    assert torch_tpu.fallback_stats() == {}
+    _assert_loop_matches_cpu(loop)
 
 
 @pytest.mark.parametrize("kind", ["ddpm", "ddim"])

@@ -218,6 +218,27 @@ def _near_map_limit() -> bool:
 _COUNTER_FIELDS = ("fallback_ops", "fwd_fallback_ops")
 
 
+def _call_on_tpu(fn: object, *args: object, **kwargs: object) -> tuple[object, Exception | None]:
+    """Runs `fn` on tpu inputs (fallback counters reset first) and waits for it; returns
+    (result, None) or (None, the exception): a lowering must fall back, never raise."""
+    torch_tpu.reset_fallback_stats()
+    try:
+        actual = fn(*args, **kwargs)  # type: ignore[operator]
+        torch_tpu.synchronize()
+        return actual, None
+    except Exception as err:
+        return None, err
+
+
+def _record_fallbacks(rec: dict) -> bool:
+    """Moves the CPU fallbacks since the last reset into `rec`; True when there were none."""
+    fallbacks = torch_tpu.fallback_stats()
+    torch_tpu.reset_fallback_stats()
+    rec["fallback_ops"].update(fallbacks)
+    rec["lowered"] += not fallbacks
+    return not fallbacks
+
+
 def _record(key: str, dtype: torch.dtype, kind: str = "forward") -> dict:
     rec = RESULTS.setdefault(
         (kind, key, _dstr(dtype)),
@@ -444,18 +465,8 @@ def _run_sample_inner(op, sample, rec: dict, random: bool, dtype: torch.dtype) -
         rec["cpu_ref_errors"] += 1
         return
     rec["run"] += 1
-    torch_tpu.reset_fallback_stats()
-    error = None
-    try:
-        actual = op(tpu_input, *tpu_args, **tpu_kwargs)
-        torch_tpu.synchronize()
-    except Exception as err:  # a lowering must fall back, never raise
-        error = err
-    fallbacks = torch_tpu.fallback_stats()
-    torch_tpu.reset_fallback_stats()
-    lowered = not fallbacks
-    rec["fallback_ops"].update(fallbacks)
-    rec["lowered"] += lowered
+    actual, error = _call_on_tpu(op, tpu_input, *tpu_args, **tpu_kwargs)
+    lowered = _record_fallbacks(rec)
     desc = f"sample {rec['run'] - 1} ({_describe(sample)})"
     if error is not None:
         rec["failures"].append(f"{desc}: tpu raised {_short(error)}")
@@ -530,18 +541,8 @@ def _run_inplace_sample(op, sample, rec: dict, random: bool, dtype: torch.dtype)
         rec["cpu_ref_errors"] += 1
         return
     rec["run"] += 1
-    torch_tpu.reset_fallback_stats()
-    try:
-        actual = fn(tpu_input, *tpu_args, **tpu_kwargs)
-        torch_tpu.synchronize()
-        error = None
-    except Exception as err:
-        error = err
-    fallbacks = torch_tpu.fallback_stats()
-    torch_tpu.reset_fallback_stats()
-    lowered = not fallbacks
-    rec["fallback_ops"].update(fallbacks)
-    rec["lowered"] += lowered
+    actual, error = _call_on_tpu(fn, tpu_input, *tpu_args, **tpu_kwargs)
+    lowered = _record_fallbacks(rec)
     desc = f"inplace sample {rec['run'] - 1} ({_describe(sample)})"
     if error is not None:
         rec["failures"].append(f"{desc}: tpu raised {_short(error)}")
@@ -658,12 +659,8 @@ def _run_grad_sample_inner(op, sample, rec: dict, dtype: torch.dtype, seed: int)
     except Exception as err:
         error = err
         fwd_fallbacks = locals().get("fwd_fallbacks", {})
-    fallbacks = torch_tpu.fallback_stats()
-    torch_tpu.reset_fallback_stats()
-    lowered = not fallbacks
-    rec["fallback_ops"].update(fallbacks)
+    lowered = _record_fallbacks(rec)
     rec["fwd_fallback_ops"].update(fwd_fallbacks)
-    rec["lowered"] += lowered
     if error is not None:
         rec["failures"].append(f"{desc}: tpu raised {_short(error)}")
         return

@@ -14,10 +14,11 @@
 #include <numeric>
 
 #include "lowering.h"
+#include "pool_common.h"
 
 namespace tpu::lowering {
 
-// ---- helpers shared with upsample.cc (declared there)
+// ---- helpers shared with upsample.cc (declared in pool_common.h)
 
 // 1-d dense constant of host integers (S64/S32/Pred).
 Value pool_const_ints(Builder& b, const std::vector<int64_t>& v, ElemType t) {

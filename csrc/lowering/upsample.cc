@@ -14,15 +14,9 @@
 #include <optional>
 
 #include "lowering.h"
+#include "pool_common.h"
 
 namespace tpu::lowering {
-
-// Defined in pooling.cc.
-Value pool_const_ints(Builder& b, const std::vector<int64_t>& v, ElemType t);
-Value pool_const_floats(Builder& b, const std::vector<double>& v, ElemType t);
-Value pool_take(Builder& b, Value x, int64_t dim, const std::vector<int64_t>& idx);
-Value pool_ragged_sum(Builder& b, Value x, int64_t dim, const std::vector<std::vector<int64_t>>& lists,
-                      const std::vector<std::vector<double>>& w);
 
 namespace {
 
