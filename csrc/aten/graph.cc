@@ -99,7 +99,8 @@ int64_t build_graph(const GraphDesc& desc) {
   std::unordered_map<int64_t, Value> vals;
   for (size_t i = 0; i < desc.inputs.size(); ++i)
     vals[static_cast<int64_t>(i)] = b.arg(Type{elem_of(static_cast<c10::ScalarType>(desc.inputs[i].dtype)), desc.inputs[i].sizes});
-  for (const GNode& node : desc.nodes) {
+  for (size_t node_index = 0; node_index < desc.nodes.size(); ++node_index) {
+    const GNode& node = desc.nodes[node_index];
     const lowering::OpEntry* entry = lowering::find_op(node.op);
     TORCH_CHECK(entry, "torch_tpu: no lowering for aten::", node.op, " in the compiled graph");
     lowering::OpCall call;
@@ -134,7 +135,14 @@ int64_t build_graph(const GraphDesc& desc) {
     }
     for (const GType& t : node.out_types)
       call.outs.push_back(Type{t.dtype < 0 ? ElemType::F32 : elem_of(static_cast<c10::ScalarType>(t.dtype)), t.sizes});
-    std::vector<Value> res = entry->fn(b, call);
+    std::vector<Value> res;
+    try {
+      res = entry->fn(b, call);
+    } catch (const lowering::Unsupported& e) {
+      // The Python backend parses "graph node <i>" and runs that node outside the compiled pieces.
+      throw lowering::Unsupported("torch_tpu: graph node " + std::to_string(node_index) + " unsupported (aten::" +
+                                  node.op + "): " + e.what());
+    }
     TORCH_CHECK(res.size() >= node.out_ids.size() || node.out_ids.empty(),
                 "torch_tpu: lowering of ", node.op, " returned too few values");
     for (size_t i = 0; i < node.out_ids.size(); ++i) {
