@@ -35,8 +35,10 @@ class CompileCache {
  public:
   static CompileCache& get();
   // `what` names the requester for error messages and the compile log.
+  // `extra_options`: serialized xla.CompileOptionsProto fields merged over the defaults (protobuf
+  // concatenation = merge), e.g. XLA debug-option overrides from torch.compile(options=...).
   pjrt::ExecutablePtr get_or_compile(const std::string& mlir, const std::string& what,
-                                     const std::string& reason);
+                                     const std::string& reason, const std::string& extra_options = {});
   CacheStats stats();
   void reset_stats();
   void count_op_hit();

@@ -9,7 +9,10 @@ from typing import Any
 
 import torch
 
-from torch_tpu import _C
+from torch_tpu import (
+    _C,
+    compiler,  # noqa: F401 (torch.tpu.compiler)
+)
 
 _initialized = False
 _DeviceLike = int | str | torch.device | None

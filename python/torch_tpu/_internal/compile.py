@@ -14,6 +14,7 @@ that refuses the arguments) is split: the rest runs as compiled pieces, those no
 from __future__ import annotations
 
 import contextlib
+import functools
 import operator
 import re
 import warnings
@@ -24,7 +25,7 @@ import torch
 import torch.fx
 
 from torch_tpu import _C
-from torch_tpu._internal import compile_meta
+from torch_tpu._internal import compile_meta, xla_options
 
 _DTYPE_INDEX = {
     torch.uint8: 0, torch.int8: 1, torch.int16: 2, torch.int32: 3, torch.int64: 4, torch.float16: 5,
@@ -303,10 +304,11 @@ _NODE_ERROR = re.compile(r"graph node (\d+) unsupported")
 class _Program:
     """One FX graph built as one program: call(args) -> outputs in the graph's output order."""
 
-    def __init__(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> None:
+    def __init__(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any], xla: bytes = b"") -> None:
         _graph_counter[0] += 1
         describer = _Describer(gm, f"graph{_graph_counter[0]}")
         desc, self.spec, constants = describer.describe()
+        desc["compile_options"] = xla
         for i, (base, *_rest) in enumerate(desc["nodes"]):
             if not _has_lowering(base):
                 raise Unsupported(f"no lowering for aten::{base}", describer.node_of[i])
@@ -388,7 +390,7 @@ def _node_supported(n: torch.fx.Node, bad: set[str]) -> bool:
     return _has_lowering(base) and not (base.endswith("_") and not base.startswith("__"))
 
 
-def _split(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], first: Unsupported) -> Callable:
+def _split(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], first: Unsupported, xla: bytes) -> Callable:
     """Runs `gm` as compiled pieces around the nodes no program can hold (those run op by op in
     eager, between the pieces)."""
     from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner
@@ -414,7 +416,7 @@ def _split(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], first: Unsup
                 sub = getattr(split, n.target)
                 out_node = next(o for o in sub.graph.nodes if o.op == "output")
                 args = [a.meta.get("val") for a in n.args]
-                program = _Program(sub, args)
+                program = _Program(sub, args, xla)
                 setattr(split, n.target, _Piece(program, not isinstance(out_node.args[0], (list, tuple))))
         except Unsupported as e:
             if e.node is None or e.node.name in bad:
@@ -433,17 +435,20 @@ def _split(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], first: Unsup
     raise Unsupported("could not split the graph")
 
 
-def compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Callable:
+def compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any],
+                  options: dict[str, Any] | None = None) -> Callable:
     """An AOTAutograd compiler: returns a boxed callable running `gm` as one program, or (when
-    some node cannot be lowered) as compiled pieces around that node."""
+    some node cannot be lowered) as compiled pieces around that node. `options`: XLA options
+    (custom_compiler_options() blocks add theirs)."""
     from torch._functorch.aot_autograd import make_boxed_func
 
     STATS["graphs"] += 1
+    xla = xla_options.encode({**(options or {}), **xla_options.current()})
     try:
-        program = _Program(gm, example_inputs)
+        program = _Program(gm, example_inputs, xla)
     except Unsupported as e:
         try:
-            return make_boxed_func(_split(gm, example_inputs, e))
+            return make_boxed_func(_split(gm, example_inputs, e, xla))
         except Unsupported as e2:
             STATS["eager_graphs"] += 1
             warnings.warn(f"torch_tpu: compiled graph runs op by op in eager mode ({e2})", stacklevel=2)
@@ -542,24 +547,45 @@ def register_device_interface() -> None:
     di.register_interface_for_device("tpu", TpuDeviceInterface)
 
 
-class TpuBackend:
-    """The Dynamo backend `"tpu"` (also usable as `torch.compile(m, backend=TpuBackend())`)."""
+# torch.compile modes (docs/compile.md): a compiled graph is already one launch per call (what
+# "reduce-overhead" buys with CUDA graphs elsewhere); "max-autotune" asks XLA for its highest
+# optimization effort (O3) unless options set a level.
+MODES = (None, "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 
-    def __init__(self) -> None:
+
+def _mode_options(mode: str | None) -> dict[str, Any]:
+    if mode not in MODES:
+        raise ValueError(f"torch_tpu: unknown torch.compile mode {mode!r}; expected one of "
+                         + ", ".join(repr(m) for m in MODES if m))
+    return {"xla_optimization_level": "O3"} if mode in ("max-autotune", "max-autotune-no-cudagraphs") else {}
+
+
+class TpuBackend:
+    """The Dynamo backend `"tpu"` (also usable as `torch.compile(m, backend=TpuBackend(options))`).
+
+    `options`: XLA options (see xla_options.py), as `torch.compile(..., options=...)` gives them."""
+
+    def __init__(self, options: dict[str, Any] | None = None) -> None:
         register_device_interface()
         compile_meta.install()
+        self.options = xla_options.validate(options)
+        self._aots: dict[tuple, Callable] = {}
+
+    def _aot(self, options: dict[str, Any]) -> Callable:
         from torch._dynamo.backends.common import aot_autograd
 
-        self._aot = aot_autograd(
-            fw_compiler=compile_graph,
-            bw_compiler=compile_graph,
-            decompositions=decompositions(),
-            keep_inference_input_mutations=True,
-        )
+        key = tuple(sorted((k, repr(v)) for k, v in options.items()))
+        if key not in self._aots:
+            compiler = functools.partial(compile_graph, options=options)
+            self._aots[key] = aot_autograd(fw_compiler=compiler, bw_compiler=compiler,
+                                           decompositions=decompositions(), keep_inference_input_mutations=True)
+        return self._aots[key]
 
-    def __call__(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any], **kwargs: Any) -> Callable:
+    def __call__(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any], mode: str | None = None,
+                 options: dict[str, Any] | None = None, **kwargs: Any) -> Callable:
+        opts = {**_mode_options(mode), **self.options, **xla_options.validate(options)}
         with lowered_ops_stay_whole():
-            return self._aot(gm, example_inputs, **kwargs)
+            return self._aot(opts)(gm, example_inputs, **kwargs)
 
 
 def tpu_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], **kwargs: Any) -> Callable:
@@ -588,11 +614,15 @@ class _DefaultBackend:
 
     def __init__(self, mode: str | None, options: dict[str, Any] | None, dynamic: bool | None) -> None:
         register_device_interface()
-        self._inductor = torch._TorchCompileInductorWrapper(mode, options, dynamic)
+        # xla_* options are for tpu graphs; the rest are Inductor's (it validates them).
+        self._mode = mode
+        self._xla = {k: v for k, v in (options or {}).items() if k.startswith("xla_")}
+        rest = {k: v for k, v in (options or {}).items() if not k.startswith("xla_")}
+        self._inductor = torch._TorchCompileInductorWrapper(mode, rest or None, dynamic)
 
     def __call__(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any], **kwargs: Any) -> Callable:
         if _has_tpu_tensor(example_inputs):
-            return _backend()(gm, example_inputs)
+            return _backend()(gm, example_inputs, mode=self._mode, options=self._xla)
         return self._inductor(gm, example_inputs, **kwargs)
 
     def __eq__(self, other: object) -> bool:  # Dynamo compares backends to reuse caches
