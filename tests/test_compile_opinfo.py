@@ -25,7 +25,7 @@ import torch
 import torch_tpu
 from torch._functorch.aot_autograd import aot_function
 from torch.testing._internal.common_methods_invocations import op_db
-from torch.utils._pytree import tree_flatten, tree_map
+from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 from torch_tpu._internal import compile as tpu_compile
 
 # OpInfo names whose ATen ops core-ATen decomposed before (native_layer_norm_backward,
@@ -74,13 +74,35 @@ def _same(a: Any, b: Any, exact: bool = True) -> bool:
 
 
 def _compiled(fn: Callable) -> Callable:
-    traced = aot_function(fn, fw_compiler=tpu_compile.compile_graph, bw_compiler=tpu_compile.compile_graph,
-                          decompositions=tpu_compile.decompositions(), keep_inference_input_mutations=True)
+    """fn traced by AOTAutograd with the backend's compiler; only tensors are graph inputs (dtypes,
+    devices and numbers are closed over, as Dynamo would specialise them)."""
 
     def run(*args: Any) -> Any:
+        leaves, spec = tree_flatten(args)
+        idx = [i for i, v in enumerate(leaves) if isinstance(v, torch.Tensor)]
+
+        def inner(*tensors: torch.Tensor) -> Any:
+            full = list(leaves)
+            for i, t in zip(idx, tensors, strict=True):
+                full[i] = t
+            return fn(*tree_unflatten(full, spec))
+
+        traced = aot_function(inner, fw_compiler=tpu_compile.compile_graph, bw_compiler=tpu_compile.compile_graph,
+                              decompositions=tpu_compile.decompositions(), keep_inference_input_mutations=True)
         with tpu_compile.lowered_ops_stay_whole():  # as the backend traces
-            return traced(*args)
+            return traced(*[leaves[i] for i in idx])
     return run
+
+
+_GRAPH_BREAKS = ("DataDependentOutputException", "DynamicOutputShapeException")
+
+
+def _is_random(op: Any) -> bool:
+    return "nondeterministic_seeded" in str(getattr(op, "decorators", "")) or op.name in (
+        "bernoulli", "multinomial", "normal", "rand_like", "randint", "randint_like", "randn", "randn_like",
+        "nn.functional.dropout", "nn.functional.rrelu", "uniform", "cauchy", "exponential", "geometric",
+        "log_normal", "nn.functional.alpha_dropout", "nn.functional.feature_alpha_dropout",
+        "nn.functional.dropout2d", "nn.functional.dropout3d", "randperm") or "random" in op.name
 
 
 def _verdict(eager: Any, comp: Any) -> str:
@@ -107,7 +129,11 @@ def check_sample(op: Any, sample: Any, grad: bool = False) -> str:
             try:
                 comp = _compiled(call)(inp, args, kwargs)
             except Exception as e:  # noqa: BLE001 (recorded, the sweep goes on)
+                if type(e).__name__ in _GRAPH_BREAKS:
+                    return "data-dependent"  # Dynamo breaks the graph there: not a graph op
                 return f"error: {type(e).__name__}: {str(e)[:200]}"
+        if _is_random(op):
+            return "random"  # values are not compared (the draws differ by construction)
         return _verdict(eager, comp)
     gi, ga = _to_tpu((sample.input, sample.args), grad=True)
     kw = _to_tpu(sample.kwargs)  # weights etc.: not differentiated (some ops refuse it)
@@ -152,9 +178,9 @@ def sweep(names: list[str] | None, grad: bool = False, samples: int = 1) -> dict
 def test_compiled_equals_eager_bitwise(grad: bool) -> None:
     res = sweep(GRAD_OPS if grad else DEFAULT_OPS, grad=grad, samples=2)
     assert len(res) >= (len(GRAD_OPS) if grad else len(DEFAULT_OPS)) - 1
-    bad = {k: v for k, v in res.items() if any(r not in ("identical", "close", "skipped") for r in v)}
+    bad = {k: v for k, v in res.items() if any(r not in ("identical", "close", "skipped", "random", "data-dependent") for r in v)}
     assert not bad, bad
-    flat = [r for v in res.values() for r in v if r != "skipped"]
+    flat = [r for v in res.values() for r in v if r not in ("skipped", "random", "data-dependent")]
     assert flat.count("identical") >= 0.75 * len(flat), res  # bitwise is the rule, "close" the exception
 
 
@@ -172,8 +198,9 @@ if __name__ == "__main__":
     out: dict[str, Any] = {}
     for kind, g in (("forward", False), ("grad", True)):
         res = sweep(names, grad=g)
-        flat = [r for v in res.values() for r in v if r != "skipped"]
-        out[kind] = {"ops": len(res), "samples": len(flat), "identical": flat.count("identical"),
+        flat = [r for v in res.values() for r in v if r not in ("skipped", "random", "data-dependent")]
+        out[kind] = {"ops": len(res), "samples": len(flat), "random": sum(v.count("random") for v in res.values()),
+                     "data_dependent": sum(v.count("data-dependent") for v in res.values()), "identical": flat.count("identical"),
                      "close": flat.count("close"),
                      "differs": sorted(k for k, v in res.items() if "differs" in v),
                      "errors": {k: v for k, v in res.items() if any(r.startswith("error") for r in v)}}
