@@ -333,13 +333,6 @@ bool is_host_scalar_tensor(const at::Tensor& t) {
   return t.device().is_cpu() && t.dim() == 0;
 }
 
-std::shared_mutex programs_mu;
-std::unordered_map<std::string, pjrt::ExecutablePtr>& programs() {
-  static auto* m = std::make_unique<std::unordered_map<std::string, pjrt::ExecutablePtr>>().release();
-  return *m;
-}
-constexpr size_t kMaxPrograms = 50000;
-
 // Host operands repeat (the same learning rate, the same `+ 1`): keep their device copies.
 // They are never donated, so sharing one buffer between launches is safe.
 pjrt::BufferPtr upload_host(const HostOperand& h, int device) {
@@ -764,15 +757,9 @@ void run_lowering(const std::string& name, const std::string& overload,
     }
   }
 
-  pjrt::ExecutablePtr exe;
-  {
-    std::shared_lock<std::shared_mutex> lock(programs_mu);
-    auto it = programs().find(plan.key);
-    if (it != programs().end()) exe = it->second;
-  }
-  if (exe) {
-    runtime::CompileCache::get().count_op_hit();
-  } else {
+  auto& cache = runtime::CompileCache::get();
+  runtime::ProgramPtr program = cache.find_signature(plan.key);
+  if (!program) {
     shlo::Builder b;
     std::vector<Value> cur(plan.slots.size());
     for (size_t i = 0; i < plan.slots.size(); ++i)
@@ -788,11 +775,9 @@ void run_lowering(const std::string& name, const std::string& overload,
     }
     std::string mlir = b.module(results);
     std::string op_name = "aten::" + name + (overload.empty() ? "" : "." + overload);
-    exe = runtime::CompileCache::get().get_or_compile(
-        mlir, op_name, compile_reason(op_name, describe_call(all_args, outs), flatten));
-    std::unique_lock<std::shared_mutex> lock(programs_mu);
-    if (programs().size() >= kMaxPrograms) programs().clear();
-    programs().emplace(plan.key, exe);
+    program = cache.get_or_compile_program(mlir, op_name,
+                                           compile_reason(op_name, describe_call(all_args, outs), flatten));
+    cache.remember_signature(plan.key, program);
   }
 
   // Launch.
@@ -804,7 +789,7 @@ void run_lowering(const std::string& name, const std::string& overload,
     keep.push_back(upload_host(h, plan.device));
     arg_bufs.push_back(keep.back()->raw());
   }
-  auto results = runtime::Executor::get().launch(*exe, plan.device, arg_bufs, {},
+  auto results = runtime::Executor::get().launch(*program->exe, plan.device, arg_bufs, {},
                                                  "aten::" + name + "." + overload);
   size_t ri = 0;
   for (auto& s : plan.slots) {

@@ -121,8 +121,16 @@ PYBIND11_MODULE(_C, m) {
     d["compile_ms"] = s.compile_ms;
     d["disk_load_ms"] = s.disk_load_ms;
     d["disk_errors"] = s.disk_errors;
+    d["evictions"] = s.evictions;
+    d["programs"] = s.programs;
+    d["program_bytes"] = s.program_bytes;
+    d["max_programs"] = s.max_programs;
+    d["max_bytes"] = s.max_bytes;
     d["cache_dir"] = tpu::runtime::CompileCache::get().cache_dir();
     return d;
+  });
+  m.def("_set_cache_limits", [](int64_t max_programs, int64_t max_bytes) {
+    tpu::runtime::CompileCache::get().set_limits(max_programs, max_bytes);
   });
   m.def("_reset_cache_stats", [] { tpu::runtime::CompileCache::get().reset_stats(); });
   m.def("_compile_events", [] {
