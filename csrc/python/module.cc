@@ -8,8 +8,8 @@
 #include <cstring>
 
 #include "aten/allocator.h"
-#include "aten/execute.h"
-#include "aten/fallback.h"
+#include "aten/plan_call.h"
+#include "aten/cpu_fallback.h"
 #include "aten/generator.h"
 #include "aten/graph.h"
 #include "lowering/lowering.h"
