@@ -22,6 +22,7 @@
 #include <ATen/ops/scalar_tensor.h>
 
 #include "common.h"
+#include "cuda_compat.h"
 #include "execute.h"
 #include "fallback.h"
 
@@ -580,6 +581,7 @@ void tpu_boxed_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet, torch:
     at::native::cpu_fallback(op, stack, false);
     return;
   }
+  move_cpu_index_args(op, base, stack);
   if (base == "index") convert_bool_indices(op, stack);
   if (const lowering::OpEntry* entry = lowering::find_op(base); entry && !entry->graph_only) {
     const bool foreach = is_foreach(base);
