@@ -461,8 +461,11 @@ bool run_lowered(const c10::OperatorHandle& op, const lowering::OpEntry& entry,
     }
     bool is_out = sargs[j].is_out();
     if (!is_out && args[j].isTensor() && args[j].toTensor().defined()) {
-      rts = at::native::update_result_type_state(args[j].toTensor(), rts);
-      any = true;
+      try {
+        rts = at::native::update_result_type_state(args[j].toTensor(), rts);
+        any = true;
+      } catch (const c10::Error&) {  // float8 next to other floats (_scaled_mm): no promotion
+      }
     } else if (!is_out && a.hint == NamedArg::Hint::Scalar && args[j].isScalar()) {
       // Only the scalar's kind matters for promotion: reuse one wrapped 0-d tensor per kind.
       const c10::Scalar sc = args[j].toScalar();
