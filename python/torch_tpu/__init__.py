@@ -72,7 +72,9 @@ def _autoload() -> None:
     sys.modules["torch.backends.tpu"] = backends
 
     from torch_tpu._internal import compile as tpu_compile
-    from torch_tpu._internal import execution_mode
+    from torch_tpu._internal import execution_mode, integrations
+
+    integrations.install()
 
     tpu_compile.install_default_backend_routing()
     execution_mode._init_from_env()
