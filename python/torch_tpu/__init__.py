@@ -65,9 +65,6 @@ def _autoload() -> None:
     _torch.utils.generate_methods_for_privateuse1_backend(
         for_tensor=True, for_module=True, for_packed_sequence=True, for_storage=True
     )
-    from torch_tpu._internal import module_move
-
-    module_move.install()  # after generate_methods: wraps the generated Module.tpu too
     backends = types.ModuleType("torch.backends.tpu")
     backends.is_available = device_module.is_available  # type: ignore[attr-defined]
     backends.is_built = lambda: True  # type: ignore[attr-defined]
@@ -75,7 +72,9 @@ def _autoload() -> None:
     sys.modules["torch.backends.tpu"] = backends
 
     from torch_tpu._internal import compile as tpu_compile
-    from torch_tpu._internal import execution_mode
+    from torch_tpu._internal import execution_mode, integrations
+
+    integrations.install()
 
     tpu_compile.install_default_backend_routing()
     execution_mode._init_from_env()
