@@ -271,3 +271,51 @@ def test_disk_cache_hit_in_a_new_process(tmp_path: os.PathLike) -> None:
     m1, _ = map(int, first.stdout.split("STATS")[1].split())
     m2, d2 = map(int, second.stdout.split("STATS")[1].split())
     assert m1 >= 1 and m2 == 0 and d2 >= 1
+
+
+# ---- torch_tpu._internal.pallas.tpu_torch_pallas: what torch 2.13's Inductor Pallas codegen calls
+
+
+def _export(fn, *shapes):  # noqa: ANN001, ANN002, ANN202
+    avals = [jax.ShapeDtypeStruct(s, jnp.float32) for s in shapes]
+    return jax.export.export(jax.jit(fn), platforms=["tpu"])(*avals)  # as Inductor exports
+
+
+def test_inductor_bridge_both_keyword_forms() -> None:
+    from torch_tpu._internal.pallas import tpu_torch_pallas as tp
+
+    exported = _export(lambda x, y: (jnp.tanh(x) + y, x * y), (4, 8), (4, 8))
+    assert not tp.lookup_custom_kernel("ind_k", "ind_k_4_8")
+    tp.register_custom_kernel("ind_k", "ind_k_4_8", serialized_mlir_module=exported.mlir_module_serialized)
+    assert tp.lookup_custom_kernel("ind_k", "ind_k_4_8")
+    tp.register_custom_kernel("ind_k", "ind_k_pos", exported.mlir_module_serialized)  # positional form
+    x, y = torch.randn(4, 8), torch.randn(4, 8)
+    shapes = [torch.empty(4, 8, device="tpu"), torch.empty(4, 8, device="tpu")]
+    a, b = tp.call_custom_kernel("ind_k", "ind_k_4_8", inputs=[x.to("tpu"), y.to("tpu")], output_shapes=shapes,
+                                 donate_argnums=[])
+    torch.testing.assert_close(a.cpu(), torch.tanh(x) + y)
+    torch.testing.assert_close(b.cpu(), x * y)
+    xt = x.to("tpu")
+    (c, _d) = tp.call_custom_kernel("ind_k", "ind_k_pos", inputs=[xt, y.to("tpu")], output_shapes=shapes,
+                                    input_output_aliases={0: 0})
+    xt.copy_(c)  # what the generated code does with aliased outputs
+    torch.testing.assert_close(xt.cpu(), torch.tanh(x) + y)
+    with pytest.raises(ValueError, match="pallas::ind_k: output 0 is torch.float32\\[4, 8\\]"):
+        tp.call_custom_kernel("ind_k", "ind_k_4_8", inputs=[x.to("tpu"), y.to("tpu")],
+                              output_shapes=[torch.empty(2, device="tpu")] * 2)
+    with pytest.raises(KeyError, match="register_custom_kernel first"):
+        tp.call_custom_kernel("nope", "k", inputs=[], output_shapes=[])
+
+
+def test_inductor_bridge_mosaic_module_on_cpu_plugin_names_the_platform() -> None:
+    from torch_tpu._internal.pallas import tpu_torch_pallas as tp
+
+    def kern(x_ref, o_ref):  # noqa: ANN001, ANN202
+        o_ref[...] = x_ref[...] + 1
+
+    exported = _export(lambda x: pl.pallas_call(kern, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype))(x), (8, 128))
+    platform = torch_tpu._C._platform()["platform_name"].lower()
+    if platform == "tpu":
+        pytest.skip("the Mosaic module runs on a TPU")
+    with pytest.raises(RuntimeError, match=f"Mosaic TPU kernel.*'{platform}' PJRT plugin cannot run"):
+        tp.register_custom_kernel("mosaic_k", "k", serialized_mlir_module=exported.mlir_module_serialized)

@@ -79,17 +79,16 @@ def register_module(op: str, module: str | bytes, platform: str) -> Kernel:
     from jax._src.lib import _jax
     from jax._src.lib.mlir import ir
 
-    if isinstance(module, (bytes, bytearray)):
-        try:
-            text = _jax.mlir.deserialize_portable_artifact(bytes(module))
-        except Exception:  # plain MLIR bytecode rather than a versioned portable artifact
-            text = bytes(module)
-    else:
-        text = module
     ctx = jmlir.make_ir_context()
     with ctx, ir.Location.unknown():
         try:
-            m = ir.Module.parse(text)
+            if isinstance(module, (bytes, bytearray)):
+                try:  # jax.export's mlir_module_serialized: a versioned StableHLO portable artifact
+                    m = _jax.mlir.deserialize_portable_artifact(bytes(module))
+                except Exception:  # plain MLIR bytecode
+                    m = ir.Module.parse(bytes(module))
+            else:
+                m = ir.Module.parse(module)
         except Exception as e:
             raise ValueError(f"{op}: the module is not valid StableHLO: {e}") from e
         asm = m.operation.get_asm(enable_debug_info=False)
