@@ -251,9 +251,9 @@ class _Describer:
             if jop is not None:
                 nodes.append(self.jax_node(n, op, jop))
                 continue
-            if not op._schema.name.startswith("aten::"):
+            ns, _, base = op._schema.name.partition("::")
+            if ns not in ("aten", "torch_tpu"):  # torch_tpu:: ops (ragged_dot) are lowered too
                 raise Unsupported(f"non-aten op {op}")
-            base = op._schema.name[len("aten::"):]
             if base.endswith("_") and not base.startswith("__"):
                 raise Unsupported(f"in-place op {op} in a functional graph")
             bound = _bind(op, n.args, n.kwargs)
