@@ -12,16 +12,18 @@
 // must be non-decreasing (as PyTorch's CUDA kernel requires; the CPU's loop then agrees).
 //
 // Strategy (measured on XLA:CPU at MoE decode sizes, benchmarks/bench_grouped_mm.py):
-// - 2-D x 3-D (the MoE forward and input gradients), when it saves at least half the GEMM
-//   rows: rows are sorted by group, so cut into T-row tiles each (tile, group) pair holding rows
-//   is one small GEMM; nt + G - 1 pairs always suffice, a static count, so the pairs are
-//   computed on device (L + (G-1) T GEMM rows instead of G L). 64 tokens x top-2 over 8
-//   experts: 240 rows instead of 1024.
-// - otherwise (few rows, 3-D x 2-D, 2-D x 2-D weight gradients): every group's product densely
-//   (G x the useful flops) and each row/column keeps its own group's result with a select;
-//   for 2-D x 2-D both operands are masked to the group's K range before a batched GEMM. A tiled
-//   2-D x 2-D (per-pair [M,T]x[T,N] partials accumulated by dynamic-update-slice) measured
-//   slower than this on XLA:CPU.
+// - 2-D x 3-D (the MoE forward and input gradients): a *window* of T rows per group gathered into
+//   [G, T, K], one batched GEMM against the weights in place (each expert read once, no weight
+//   copies), results gathered back per row; T is the smallest window of a static ladder that
+//   holds the largest group, picked on device by stablehlo.case (no sync; ~1.5x the useful rows
+//   for balanced routing, exact for any). With fewer rows than half the groups (decode batch
+//   1-3), each row gathers its own expert's weights instead (batched mat-vec).
+// - 2-D x 2-D (weight gradients): the same windows over K, masked to each group by a select.
+// - 3-D x 2-D: every group's product densely (G x the useful flops), each column keeps its own
+//   group's result with a select.
+// The earlier tiled path (T-row tiles x (tile, group) pairs, one weight copy per pair) and the
+// dense masked path stay selectable with TORCH_TPU_GROUPED_MM=tiled|dense for comparison: the
+// weight copies made the tiled path 2-5x slower than the windowed one at decode batch 64.
 // Selects, never masked multiplies: a NaN/inf in one expert's weights never leaks into rows
 // routed elsewhere (0 * inf = NaN). float16/bfloat16 accumulate in float32 like mm; the
 // runtime converts back.
