@@ -266,8 +266,9 @@ bool run_lowered(const c10::OperatorHandle& op, const lowering::OpEntry& entry,
   const auto& rets = schema.returns();
   // An op returning one bool (equal) is lowered to a 0-d bool tensor and read back on the host.
   const bool bool_result = rets.size() == 1 && rets[0].type()->kind() == c10::TypeKind::BoolType;
-  // Out-of-place foreach ops return one fresh tensor per list element.
-  const bool list_result = is_foreach(base) && rets.size() == 1 && rets[0].type()->kind() == c10::TypeKind::ListType;
+  // So do out-of-place foreach ops and jax_call (a foreign kernel's results).
+  const bool list_result = (is_foreach(base) || base == "jax_call") && rets.size() == 1 &&
+                           rets[0].type()->kind() == c10::TypeKind::ListType;
   for (const auto& r : rets) {
     if (bool_result || list_result) break;
     if (r.type()->kind() != c10::TypeKind::TensorType && !is_int_return(r)) {

@@ -71,6 +71,14 @@ def _autoload() -> None:
     _torch.backends.tpu = backends  # type: ignore[attr-defined]
     sys.modules["torch.backends.tpu"] = backends
 
+    # torch.tpu.pallas / torch.tpu.ops (importing them does not import JAX).
+    from torch_tpu import ops as tpu_ops
+    from torch_tpu import pallas as tpu_pallas
+
+    for sub_name, sub in (("pallas", tpu_pallas), ("ops", tpu_ops)):
+        setattr(device_module, sub_name, sub)
+        sys.modules[f"torch.tpu.{sub_name}"] = sub
+
     from torch_tpu._internal import compile as tpu_compile
     from torch_tpu._internal import execution_mode, integrations
 
