@@ -1,0 +1,323 @@
+"""Cases run by every rank of a tests/dist_pool.Pool (see dist_worker.py).
+
+Each case computes on tpu with the `tpu_dist` backend and checks the result against PyTorch
+on the CPU; inputs are deterministic functions of the rank, so each rank can build every
+rank's input for the reference.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+CASES: dict[str, Callable[[], Any]] = {}
+TPU = torch.device("tpu")
+
+
+def case(fn: Callable[[], Any]) -> Callable[[], Any]:
+    CASES[fn.__name__] = fn
+    return fn
+
+
+def rank() -> int:
+    return dist.get_rank()
+
+
+def world() -> int:
+    return dist.get_world_size()
+
+
+def same(actual: torch.Tensor, expected: torch.Tensor, what: str) -> None:
+    assert actual.device.type == "tpu", f"{what}: result left the device ({actual.device})"
+    got = actual.cpu()
+    exact = not (expected.is_floating_point() and expected.dtype in (torch.float16, torch.bfloat16))
+    if exact:
+        torch.testing.assert_close(got, expected, rtol=0, atol=0, msg=lambda m: f"{what}: {m}")
+    else:
+        torch.testing.assert_close(got, expected, rtol=1e-2, atol=1e-2, msg=lambda m: f"{what}: {m}")
+
+
+# ------------------------------------------------------------------ collectives x dtypes
+DTYPES = {
+    "float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16, "float16": torch.float16,
+    "int64": torch.int64, "int32": torch.int32, "int16": torch.int16, "int8": torch.int8, "uint8": torch.uint8,
+    "bool": torch.bool,
+}
+
+
+def data(r: int, dt: torch.dtype, n: int = 12) -> torch.Tensor:
+    """Rank r's input (CPU): small values so sums/products stay exact in every dtype."""
+    base = torch.arange(n) % 5 + r
+    if dt == torch.bool:
+        return (torch.arange(n) % (r + 2)) == 0
+    if dt.is_floating_point:
+        return (base.to(torch.float32) / 2).to(dt)
+    return base.to(dt)
+
+
+def _ops(dt: torch.dtype) -> list[str]:
+    if dt == torch.bool:
+        return ["SUM", "MAX", "MIN", "PRODUCT"]
+    if dt.is_floating_point:
+        return ["SUM", "AVG", "MAX", "MIN", "PRODUCT", "PREMUL_SUM"]
+    return ["SUM", "MAX", "MIN", "PRODUCT", "BAND", "BOR", "BXOR"]
+
+
+def _reduce_ref(xs: list[torch.Tensor], op: str) -> torch.Tensor:
+    dt = xs[0].dtype
+    if dt == torch.bool:
+        stack = torch.stack(xs)
+        return stack.any(0) if op in ("SUM", "MAX") else stack.all(0)
+    acc = xs[0].clone()
+    for x in xs[1:]:
+        if op in ("SUM", "AVG"):
+            acc = acc + x
+        elif op == "PREMUL_SUM":
+            acc = acc + x
+        elif op == "MAX":
+            acc = torch.maximum(acc, x)
+        elif op == "MIN":
+            acc = torch.minimum(acc, x)
+        elif op == "PRODUCT":
+            acc = acc * x
+        elif op == "BAND":
+            acc = acc & x
+        elif op == "BOR":
+            acc = acc | x
+        elif op == "BXOR":
+            acc = acc ^ x
+    if op == "AVG":
+        acc = acc / len(xs)
+    if op == "PREMUL_SUM":
+        acc = sum(x * 2 for x in xs)
+    return acc.to(dt)
+
+
+def _red(op: str) -> Any:
+    return dist._make_nccl_premul_sum(2.0) if op == "PREMUL_SUM" else getattr(dist.ReduceOp, op)
+
+
+def _collectives(dt: torch.dtype) -> dict[str, Callable[[], None]]:
+    r, n = rank(), world()
+    xs = [data(i, dt) for i in range(n)]
+    x = xs[r].to(TPU)
+    checks: dict[str, Callable[[], None]] = {}
+
+    def all_reduce() -> None:
+        for op in _ops(dt):
+            y = x.clone()
+            dist.all_reduce(y, op=_red(op))
+            same(y, _reduce_ref(xs, op), f"all_reduce {op}")
+
+    def broadcast() -> None:
+        y = x.clone()
+        dist.broadcast(y, src=n - 1)
+        same(y, xs[n - 1], "broadcast")
+
+    def reduce() -> None:
+        y = x.clone()
+        dist.reduce(y, dst=0, op=dist.ReduceOp.MAX)
+        same(y, _reduce_ref(xs, "MAX") if r == 0 else xs[r], "reduce")
+
+    def all_gather() -> None:
+        outs = [torch.empty_like(x) for _ in range(n)]
+        dist.all_gather(outs, x)
+        for i in range(n):
+            same(outs[i], xs[i], "all_gather")
+        out = torch.empty((n * x.numel(),), dtype=dt, device=TPU)
+        dist.all_gather_into_tensor(out, x)
+        same(out, torch.cat(xs), "all_gather_into_tensor")
+
+    def reduce_scatter() -> None:
+        op = "MAX" if dt == torch.bool else "SUM"
+        out = torch.empty((x.numel() // n,), dtype=dt, device=TPU)
+        dist.reduce_scatter_tensor(out, x, op=_red(op))
+        same(out, _reduce_ref(xs, op).chunk(n)[r], "reduce_scatter_tensor")
+        out2 = torch.empty_like(out)
+        dist.reduce_scatter(out2, list(x.chunk(n)), op=_red(op))
+        same(out2, _reduce_ref(xs, op).chunk(n)[r], "reduce_scatter")
+
+    def all_to_all() -> None:
+        out = torch.empty_like(x)
+        dist.all_to_all_single(out, x)
+        same(out, torch.cat([xs[i].chunk(n)[r] for i in range(n)]), "all_to_all_single")
+        # uneven: rank i sends (j + 1) * (i + 1) elements to rank j
+        ins = [(j + 1) * (r + 1) for j in range(n)]
+        outs = [(r + 1) * (i + 1) for i in range(n)]
+        src = [data(i, dt, sum((j + 1) * (i + 1) for j in range(n))) for i in range(n)]
+        y = torch.empty((sum(outs),), dtype=dt, device=TPU)
+        dist.all_to_all_single(y, src[r].to(TPU), output_split_sizes=outs, input_split_sizes=ins)
+        expect = torch.cat([src[i].split([(j + 1) * (i + 1) for j in range(n)])[r] for i in range(n)])
+        same(y, expect, "all_to_all_single uneven")
+        lst = [torch.empty(2, 3, dtype=dt, device=TPU) for _ in range(n)]
+        dist.all_to_all(lst, [data(r * n + j, dt, 6).reshape(2, 3).to(TPU) for j in range(n)])
+        for i in range(n):
+            same(lst[i], data(i * n + r, dt, 6).reshape(2, 3), "all_to_all")
+
+    def gather_scatter() -> None:
+        outs = [torch.empty_like(x) for _ in range(n)] if r == 0 else None
+        dist.gather(x, outs, dst=0)
+        if r == 0:
+            for i in range(n):
+                same(outs[i], xs[i], "gather")
+        y = torch.empty_like(x)
+        dist.scatter(y, [xs[i].to(TPU) for i in range(n)] if r == 1 else None, src=1)
+        same(y, xs[r], "scatter")
+
+    def send_recv() -> None:
+        nxt, prv = (r + 1) % n, (r - 1) % n
+        y = torch.empty_like(x)
+        reqs = dist.batch_isend_irecv([dist.P2POp(dist.isend, x, nxt), dist.P2POp(dist.irecv, y, prv)])
+        for q in reqs:
+            q.wait()
+        same(y, xs[prv], "batch_isend_irecv")
+        if r == 0:
+            dist.send(x, dst=1)
+        elif r == 1:
+            z = torch.empty_like(x)
+            dist.recv(z, src=0)
+            same(z, xs[0], "send/recv")
+
+    def coalesced() -> None:
+        ys = [x.clone(), (x[:5]).clone()]
+        op = "MAX" if dt == torch.bool else "SUM"
+        dist.all_reduce_coalesced(ys, op=_red(op))
+        ref = _reduce_ref(xs, op)
+        same(ys[0], ref, "all_reduce_coalesced[0]")
+        same(ys[1], ref[:5], "all_reduce_coalesced[1]")
+        outs = [torch.empty((n * x.numel(),), dtype=dt, device=TPU) for _ in range(2)]
+        with dist._coalescing_manager():
+            for o in outs:
+                dist.all_gather_into_tensor(o, x)
+        for o in outs:
+            same(o, torch.cat(xs), "all_gather_into_tensor (coalesced)")
+
+    def async_work() -> None:
+        y = x.clone()
+        w = dist.all_reduce(y, op=_red("MAX"), async_op=True)
+        fut = w.get_future()
+        w.wait()
+        assert w.is_completed()
+        assert fut.done() and fut.value()[0].device.type == "tpu"
+        same(y, _reduce_ref(xs, "MAX"), "async all_reduce")
+
+    for f in (all_reduce, broadcast, reduce, all_gather, reduce_scatter, all_to_all, gather_scatter, send_recv,
+              coalesced, async_work):
+        checks[f.__name__] = f
+    return checks
+
+
+@case
+def collective_matrix() -> dict[str, dict[str, str]]:
+    """collective x dtype: 'ok' or the error, every cell checked against the CPU."""
+    table: dict[str, dict[str, str]] = {}
+    for name, dt in DTYPES.items():
+        for coll, fn in _collectives(dt).items():
+            try:
+                fn()
+                table.setdefault(coll, {})[name] = "ok"
+            except Exception as e:  # noqa: BLE001 - the table reports it; the test fails on it
+                table.setdefault(coll, {})[name] = f"{type(e).__name__}: {str(e)[:300]}"
+            dist.barrier()
+    return table
+
+
+@case
+def functional_collectives() -> str:
+    import torch.distributed._functional_collectives as fc
+
+    r, n = rank(), world()
+    xs = [torch.randn(4, 6, generator=torch.Generator().manual_seed(i)) for i in range(n)]
+    x = xs[r].to(TPU)
+    g = dist.group.WORLD
+    same(fc.all_reduce(x, "sum", g), sum(xs), "fc.all_reduce")
+    same(fc.all_gather_tensor(x, 0, g), torch.cat(xs), "fc.all_gather_tensor")
+    same(fc.reduce_scatter_tensor(x, "sum", 0, g), sum(xs).chunk(n)[r], "fc.reduce_scatter_tensor")
+    same(fc.all_to_all_single(x, None, None, g), torch.cat([xi.chunk(n)[r] for xi in xs]), "fc.all_to_all_single")
+    same(fc.broadcast(x, 0, g), xs[0], "fc.broadcast")
+    outs = fc.all_reduce_coalesced([x, x * 2], "max", g)
+    same(outs[1], torch.stack(xs).amax(0) * 2, "fc.all_reduce_coalesced")
+    # autograd variants (what DTensor's backward uses)
+    xg = x.clone().requires_grad_()
+    y = torch.ops._c10d_functional_autograd.all_gather_into_tensor(xg, n, g.group_name)
+    y = torch.ops._c10d_functional.wait_tensor(y)
+    (y * torch.arange(y.shape[0], device=TPU).unsqueeze(1)).sum().backward()
+    w = torch.arange(n * 4, dtype=torch.float32).unsqueeze(1)
+    same(xg.grad, (w.expand(-1, 6) * n).chunk(n)[r], "all_gather autograd backward")
+    return "ok"
+
+
+@case
+def new_group_subgroups() -> list[int]:
+    r, n = rank(), world()
+    groups = [dist.new_group([i]) for i in range(n)]  # every rank joins every new_group call
+    pair = dist.new_group(list(range(n)))
+    x = torch.full((3,), float(r + 1), device=TPU)
+    dist.all_reduce(x, group=groups[r])
+    same(x, torch.full((3,), float(r + 1)), "single-rank subgroup")
+    y = torch.full((3,), float(r + 1), device=TPU)
+    dist.all_reduce(y, group=pair)
+    same(y, torch.full((3,), float(sum(range(1, n + 1)))), "new_group all_reduce")
+    return [dist.get_rank(pair), dist.get_world_size(pair)]
+
+
+@case
+def object_collectives() -> list[Any]:
+    r, n = rank(), world()
+    objs: list[Any] = [None] * n
+    dist.all_gather_object(objs, {"rank": r})
+    assert objs == [{"rank": i} for i in range(n)], objs
+    lst = [f"from {r}"] if r == 0 else [None]
+    dist.broadcast_object_list(lst, src=0)
+    assert lst == ["from 0"], lst
+    dist.barrier()
+    return objs
+
+
+@case
+def mismatched_shapes() -> str:
+    x = torch.ones(3 + rank(), device=TPU)
+    try:
+        dist.all_reduce(x)
+    except RuntimeError as e:
+        assert "different arguments across ranks" in str(e), e
+        assert "rank 0: float32[3]" in str(e) and "rank 1: float32[4]" in str(e), e
+        return str(e)
+    raise AssertionError("mismatched shapes did not raise")
+
+
+@case
+def mismatched_dtypes() -> str:
+    x = torch.ones(4, dtype=torch.float32 if rank() == 0 else torch.int32, device=TPU)
+    out = torch.empty(4 * world(), dtype=x.dtype, device=TPU)
+    try:
+        dist.all_gather_into_tensor(out, x)
+    except RuntimeError as e:
+        assert "different arguments across ranks" in str(e) and "int32" in str(e), e
+        return str(e)
+    raise AssertionError("mismatched dtypes did not raise")
+
+
+@case
+def cpu_tensor_on_tpu_group() -> str:
+    try:
+        dist.all_reduce(torch.ones(3))
+    except (RuntimeError, TypeError, ValueError) as e:
+        assert "cpu" in str(e).lower(), e
+        return str(e)
+    raise AssertionError("a CPU tensor on a tpu_dist group did not raise")
+
+
+@case
+def process_model() -> dict[str, Any]:
+    return {
+        "device_count": torch.accelerator.device_count(),
+        "current": torch.accelerator.current_device_index(),
+        "backend": dist.get_backend(),
+        "tpu_backend": dist.get_backend_config(),
+        "local_rank": int(os.environ["LOCAL_RANK"]),
+    }
