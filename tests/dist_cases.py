@@ -34,11 +34,10 @@ def world() -> int:
 def same(actual: torch.Tensor, expected: torch.Tensor, what: str) -> None:
     assert actual.device.type == "tpu", f"{what}: result left the device ({actual.device})"
     got = actual.cpu()
-    exact = not (expected.is_floating_point() and expected.dtype in (torch.float16, torch.bfloat16))
-    if exact:
-        torch.testing.assert_close(got, expected, rtol=0, atol=0, msg=lambda m: f"{what}: {m}")
-    else:
-        torch.testing.assert_close(got, expected, rtol=1e-2, atol=1e-2, msg=lambda m: f"{what}: {m}")
+    tol = 0.0  # integers and bools: exact
+    if expected.is_floating_point():
+        tol = 1e-2 if expected.dtype in (torch.float16, torch.bfloat16) else 1e-5
+    torch.testing.assert_close(got, expected, rtol=tol, atol=tol, msg=lambda m: f"{what}: {m}")
 
 
 # ------------------------------------------------------------------ collectives x dtypes
@@ -321,3 +320,191 @@ def process_model() -> dict[str, Any]:
         "tpu_backend": dist.get_backend_config(),
         "local_rank": int(os.environ["LOCAL_RANK"]),
     }
+
+
+# ------------------------------------------------------------------ DTensor, TP, DDP, FSDP2, DCP
+def _mesh() -> Any:
+    from torch.distributed.device_mesh import init_device_mesh
+
+    return init_device_mesh("tpu", (world(),))
+
+
+@case
+def dtensor_ops() -> str:
+    from torch.distributed.tensor import DeviceMesh, Replicate, Shard, distribute_tensor
+
+    mesh = DeviceMesh("tpu", list(range(world())))
+    g = torch.Generator().manual_seed(0)
+    a, b = torch.randn(8, 6, generator=g), torch.randn(6, 4, generator=g)
+    da = distribute_tensor(a.to(TPU), mesh, [Shard(0)])
+    db = distribute_tensor(b.to(TPU), mesh, [Replicate()])
+    assert da.to_local().shape == (8 // world(), 6)
+    same(da.full_tensor(), a, "full_tensor")
+    same((da @ db).full_tensor(), a @ b, "DTensor matmul")
+    same(da.redistribute(mesh, [Shard(1)]).to_local(), a.chunk(world(), 1)[rank()], "redistribute S0->S1")
+    same(da.redistribute(mesh, [Replicate()]).to_local(), a, "redistribute S0->R")
+    same(da.sum().full_tensor(), a.sum(), "DTensor sum")
+    ds = distribute_tensor(a.to(TPU), mesh, [Shard(1)])
+    same((ds.relu() * 2 + 1).full_tensor(), a.relu() * 2 + 1, "DTensor pointwise")
+    return "ok"
+
+
+class _MLP(torch.nn.Module):
+    def __init__(self, d: int = 8, h: int = 16) -> None:
+        super().__init__()
+        self.norm = torch.nn.LayerNorm(d)
+        self.up = torch.nn.Linear(d, h)
+        self.down = torch.nn.Linear(h, d)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down(torch.relu(self.up(self.norm(x))))
+
+
+def _mlp(seed: int = 0) -> _MLP:
+    torch.manual_seed(seed)
+    return _MLP()
+
+
+@case
+def tensor_parallel_mlp() -> str:
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        RowwiseParallel,
+        SequenceParallel,
+        parallelize_module,
+    )
+
+    mesh = _mesh()
+    ref = _mlp()
+    x = torch.randn(4, 6, 8, generator=torch.Generator().manual_seed(1))
+    ref_out = ref(x)
+    ref_out.sum().backward()
+    tp = _mlp().to(TPU)
+    parallelize_module(tp, mesh, {"up": ColwiseParallel(), "down": RowwiseParallel()})
+    assert tp.up.weight.to_local().shape == (16 // world(), 8)
+    out = tp(x.to(TPU))
+    same(out, ref_out.detach(), "TP forward")
+    out.sum().backward()
+    same(tp.up.weight.grad.full_tensor(), ref.up.weight.grad, "TP colwise weight grad")
+    same(tp.down.weight.grad.full_tensor(), ref.down.weight.grad, "TP rowwise weight grad")
+    # sequence parallel: norm on sequence shards, then col/row with sequence-sharded in/out
+    from torch.distributed.tensor import Shard
+
+    sp = _mlp().to(TPU)
+    parallelize_module(sp, mesh, {
+        "norm": SequenceParallel(),
+        "up": ColwiseParallel(input_layouts=Shard(1)),
+        "down": RowwiseParallel(output_layouts=Shard(1)),
+    })
+    out = sp(x.to(TPU))
+    full = out.full_tensor() if hasattr(out, "full_tensor") else out
+    same(full, ref_out.detach(), "SequenceParallel forward")
+    return "ok"
+
+
+def _batches() -> list[tuple[torch.Tensor, torch.Tensor]]:
+    g = torch.Generator().manual_seed(2)
+    return [(torch.randn(8, 8, generator=g), torch.randn(8, 8, generator=g)) for _ in range(3)]
+
+
+def _ref_losses(lr: float = 0.1) -> tuple[list[float], _MLP]:
+    ref = _mlp()
+    opt = torch.optim.SGD(ref.parameters(), lr=lr)
+    losses = []
+    for x, y in _batches():
+        loss = torch.nn.functional.mse_loss(ref(x), y)
+        losses.append(loss.item())
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    return losses, ref
+
+
+@case
+def ddp_training() -> list[float]:
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    ref_losses, ref = _ref_losses()
+    model = DDP(_mlp().to(TPU))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    losses = []
+    for x, y in _batches():
+        xs, ys = x.chunk(world())[rank()].to(TPU), y.chunk(world())[rank()].to(TPU)
+        loss = torch.nn.functional.mse_loss(model(xs), ys)
+        full = loss.detach().clone()
+        dist.all_reduce(full, op=dist.ReduceOp.AVG)
+        losses.append(full.item())
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    torch.testing.assert_close(torch.tensor(losses), torch.tensor(ref_losses), rtol=1e-4, atol=1e-5)
+    for (n, p), q in zip(model.module.named_parameters(), ref.parameters(), strict=True):
+        torch.testing.assert_close(p.detach().cpu(), q.detach(), rtol=1e-4, atol=1e-5, msg=lambda m, n=n: f"{n}: {m}")
+    return losses
+
+
+def _fsdp_run(mp: bool) -> list[float]:
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    kw = {"mp_policy": MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)} if mp else {}
+    model = _mlp().to(TPU)
+    fully_shard(model.up, **kw)
+    fully_shard(model.down, **kw)
+    fully_shard(model, **kw)
+    assert model.up.weight.to_local().shape[0] == 16 // world()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    losses = []
+    for x, y in _batches():
+        xs, ys = x.chunk(world())[rank()].to(TPU), y.chunk(world())[rank()].to(TPU)
+        loss = torch.nn.functional.mse_loss(model(xs).float(), ys)
+        full = loss.detach().clone()
+        dist.all_reduce(full, op=dist.ReduceOp.AVG)
+        losses.append(full.item())
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    return losses
+
+
+@case
+def fsdp2_training() -> dict[str, list[float]]:
+    ref_losses, _ = _ref_losses()
+    fp32 = _fsdp_run(False)
+    torch.testing.assert_close(torch.tensor(fp32), torch.tensor(ref_losses), rtol=1e-4, atol=1e-5)
+    bf16 = _fsdp_run(True)
+    torch.testing.assert_close(torch.tensor(bf16), torch.tensor(ref_losses), rtol=3e-2, atol=3e-2)
+    return {"single_process": ref_losses, "fsdp2": fp32, "fsdp2_bf16": bf16}
+
+
+def _shared_tmpdir() -> str:
+    import tempfile
+
+    path = [tempfile.mkdtemp(prefix="tpu_dist_") if rank() == 0 else None]
+    dist.broadcast_object_list(path, src=0)
+    return str(path[0])
+
+
+@case
+def dcp_save_load() -> str:
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.fsdp import fully_shard
+
+    path = _shared_tmpdir()
+    model = _mlp(seed=3).to(TPU)
+    fully_shard(model)
+    sd = {k: v for k, v in model.state_dict().items()}
+    dcp.save(sd, checkpoint_id=path)
+    other = _mlp(seed=4).to(TPU)
+    fully_shard(other)
+    sd2 = other.state_dict()
+    dcp.load(sd2, checkpoint_id=path)
+    other.load_state_dict(sd2)
+    ref = _mlp(seed=3)
+    for (n, p), q in zip(other.named_parameters(), ref.parameters(), strict=True):
+        same(p.full_tensor(), q.detach(), f"DCP {n}")
+    dist.barrier()
+    if rank() == 0:
+        import shutil
+
+        shutil.rmtree(path, ignore_errors=True)
+    return "ok"

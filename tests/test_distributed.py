@@ -53,6 +53,29 @@ def test_object_collectives(pool: Pool) -> None:
     pool.ok("object_collectives")
 
 
+def test_dtensor_ops(pool: Pool) -> None:
+    pool.ok("dtensor_ops")
+
+
+def test_tensor_parallel_colwise_rowwise_sequence(pool: Pool) -> None:
+    pool.ok("tensor_parallel_mlp")
+
+
+def test_ddp_matches_single_process(pool: Pool) -> None:
+    losses = pool.ok("ddp_training")
+    assert losses[0] == losses[1]
+
+
+def test_fsdp2_and_bf16_policy_match_single_process(pool: Pool) -> None:
+    res = pool.ok("fsdp2_training")
+    if os.environ.get("TORCH_TPU_DIST_TABLE"):
+        print(json.dumps(res[0]))
+
+
+def test_dcp_save_load_sharded(pool: Pool) -> None:
+    pool.ok("dcp_save_load")
+
+
 def test_mismatched_shapes_raise_on_every_rank(pool: Pool) -> None:
     msgs = pool.ok("mismatched_shapes")
     assert msgs[0] == msgs[1]

@@ -15,7 +15,7 @@ on gloo's worker threads and the host->device copy of the results runs when it c
 
 Agreement check: gloo does not notice when ranks pass tensors of different shapes or dtypes
 (it would hang or read garbage), so before each collective the ranks all-gather a small
-signature (op, dtype, shape, root, reduce op, split sizes) on a second gloo group and every
+signature (op, dtype, shape, root, reduce op, split sizes) through the same gloo backend and every
 rank raises the same clear error on a mismatch. TORCH_TPU_DIST_CHECK=0 turns it off.
 """
 
@@ -40,13 +40,14 @@ _kernels: torch.library.Library | None = None
 
 # ------------------------------------------------------------------ per-group state
 class _GroupState:
-    """The gloo backend registered for 'tpu' on one process group, and its checker group."""
+    """The gloo backend registered for 'tpu' on one process group, and the backend its agreement checks use."""
 
     def __init__(self, gloo: Any, check: Any | None, rank: int, size: int) -> None:
         self.gloo = gloo
         self.check = check
         self.rank = rank
         self.size = size
+        self.default_fixed = False
 
 
 # id(gloo backend python object) -> state. The dict keeps the wrapper alive, so pybind hands
@@ -59,13 +60,12 @@ def _check_enabled() -> bool:
 
 
 def _create(store: Any, rank: int, size: int, timeout: datetime.timedelta) -> Any:
-    """c10d creator for 'tpu_dist' / 'tpu': a gloo backend plus a small checker gloo backend."""
+    """c10d creator for 'tpu_dist' / 'tpu': the gloo backend that moves the staged tensors."""
     install_kernels()
     gloo = c10d.ProcessGroupGloo(store, rank, size, timeout)
-    check = None
-    if _check_enabled() and size > 1:
-        check = c10d.ProcessGroupGloo(c10d.PrefixStore("tpu_dist_check/", store), rank, size, timeout)
-    _states[id(gloo)] = _GroupState(gloo, check, rank, size)
+    # The agreement check runs on the same gloo backend: every rank enqueues check and
+    # collective in the same program order from its calling thread, so tags line up.
+    _states[id(gloo)] = _GroupState(gloo, gloo if _check_enabled() and size > 1 else None, rank, size)
     return gloo
 
 
@@ -78,6 +78,12 @@ def _state(pg_obj: Any) -> _GroupState:
             "tpu_dist: this process group's tpu backend was not created by torch_tpu; create the "
             "group with backend='tpu_dist' (or 'cpu:gloo,tpu:tpu_dist')"
         )
+    if not st.default_fixed:
+        # init_process_group() with no backend (or "cpu:gloo,tpu:tpu_dist") leaves the group's
+        # default backend type at GLOO/UNDEFINED while ours is registered as CUSTOM; DDP's logger
+        # and hooks look the default up and fail. Every collective passes here first.
+        pg._set_default_backend(dist.ProcessGroup.BackendType.CUSTOM)
+        st.default_fixed = True
     return st
 
 
