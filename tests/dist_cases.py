@@ -508,3 +508,166 @@ def dcp_save_load() -> str:
 
         shutil.rmtree(path, ignore_errors=True)
     return "ok"
+
+
+# ------------------------------------------------------------------ Hugging Face tp_plan="auto"
+def _hf_config(kind: str) -> Any:
+    import transformers as tf
+
+    common = dict(vocab_size=128, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2, max_position_embeddings=64)
+    if kind == "llama":
+        return tf.LlamaConfig(intermediate_size=128, **common)
+    if kind == "qwen3_moe":
+        return tf.Qwen3MoeConfig(intermediate_size=128, moe_intermediate_size=32, num_experts=4,
+                                 num_experts_per_tok=2, head_dim=16, decoder_sparse_step=1, **common)
+    if kind == "mixtral":
+        return tf.MixtralConfig(intermediate_size=64, num_local_experts=4, num_experts_per_tok=2, **common)
+    raise ValueError(kind)
+
+
+_HF_DIR: dict[str, str] = {}
+
+
+def _hf_saved(kind: str) -> str:
+    """Rank 0 builds the model from its config (seeded) and saves it; every rank gets the path."""
+    if kind not in _HF_DIR:
+        from transformers import AutoModelForCausalLM
+
+        path = _shared_tmpdir()
+        if rank() == 0:
+            torch.manual_seed(0)
+            AutoModelForCausalLM.from_config(_hf_config(kind)).save_pretrained(path)
+        dist.barrier()
+        _HF_DIR[kind] = path
+    return _HF_DIR[kind]
+
+
+def _param_bytes(model: torch.nn.Module) -> int:
+    total = 0
+    for p in model.parameters():
+        local = p.to_local() if hasattr(p, "to_local") else p
+        total += local.numel() * local.element_size()
+    return total
+
+
+def _hf_tp(kind: str) -> dict[str, Any]:
+    from transformers import AutoModelForCausalLM
+    from transformers.distributed import DistributedConfig
+
+    path = _hf_saved(kind)
+    tp = AutoModelForCausalLM.from_pretrained(path, distributed_config=DistributedConfig(tp_plan="auto"))
+    assert tp.device.type == "tpu", tp.device
+    ref = AutoModelForCausalLM.from_pretrained(path).to(TPU)
+    ids = torch.tensor([[1, 5, 9, 3, 7, 11]], device=TPU)
+    with torch.no_grad():
+        lt, lr = tp(ids).logits, ref(ids).logits
+    diff = (lt.cpu() - lr.cpu()).abs().max().item()
+    torch.testing.assert_close(lt.cpu(), lr.cpu(), rtol=1e-4, atol=1e-4)
+    gt = tp.generate(ids, max_new_tokens=6, do_sample=False).cpu().tolist()
+    gr = ref.generate(ids, max_new_tokens=6, do_sample=False).cpu().tolist()
+    assert gt == gr, (gt, gr)
+    sharded = sum(1 for p in tp.parameters() if hasattr(p, "to_local") and p.to_local().shape != p.shape)
+    assert sharded > 0, "no parameter is sharded"
+    return {"max_logit_diff": diff, "tokens_equal": gt == gr, "tokens": gt[0],
+            "bytes_per_process": _param_bytes(tp), "bytes_full": _param_bytes(ref), "sharded_params": sharded}
+
+
+@case
+def hf_tp_llama() -> dict[str, Any]:
+    return _hf_tp("llama")
+
+
+@case
+def hf_tp_qwen3_moe() -> dict[str, Any]:
+    return _hf_tp("qwen3_moe")
+
+
+@case
+def hf_tp_mixtral() -> dict[str, Any]:
+    return _hf_tp("mixtral")
+
+
+# ------------------------------------------------------------------ Diffusers TensorParallelConfig
+def _tiny_flux() -> Any:
+    import diffusers
+
+    torch.manual_seed(0)
+    return diffusers.FluxTransformer2DModel(
+        patch_size=1, in_channels=8, num_layers=1, num_single_layers=1, attention_head_dim=8, num_attention_heads=2,
+        joint_attention_dim=32, pooled_projection_dim=16, axes_dims_rope=(2, 2, 4), guidance_embeds=True)
+
+
+def _flux_batch() -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(3)
+    ids = torch.zeros(4, 4, 3)
+    ids[..., 1] = torch.arange(4)[:, None]
+    ids[..., 2] = torch.arange(4)[None, :]
+    return {"hidden_states": torch.randn(2, 16, 8, generator=g),
+            "encoder_hidden_states": torch.randn(2, 7, 32, generator=g),
+            "pooled_projections": torch.randn(2, 16, generator=g),
+            "timestep": torch.tensor([0.1, 0.7]), "guidance": torch.tensor([3.5, 3.5]),
+            "img_ids": ids.reshape(16, 3), "txt_ids": torch.zeros(7, 3)}
+
+
+@case
+def diffusers_tp_flux() -> dict[str, Any]:
+    from diffusers import FluxTransformer2DModel
+    from diffusers.models._modeling_parallel import TensorParallelConfig
+
+    batch = {k: v.to(TPU) for k, v in _flux_batch().items()}
+    ref = _tiny_flux().to(TPU)
+    with torch.no_grad():
+        expect = ref(**batch).sample.cpu()
+    # enable_parallelism on a model in memory
+    tp = _tiny_flux().to(TPU)
+    tp.enable_parallelism(config=TensorParallelConfig(tp_degree=world()))
+    with torch.no_grad():
+        got = tp(**batch).sample
+    same(got, expect, "Flux enable_parallelism")
+    # from_pretrained(..., parallel_config=...) shards while reading the checkpoint
+    path = _shared_tmpdir()
+    if rank() == 0:
+        _tiny_flux().save_pretrained(path)
+    dist.barrier()
+    loaded = FluxTransformer2DModel.from_pretrained(path, parallel_config=TensorParallelConfig(tp_degree=world()))
+    loaded = loaded.to(TPU)
+    with torch.no_grad():
+        got2 = loaded(**batch).sample
+    same(got2, expect, "Flux from_pretrained(parallel_config)")
+    return {"max_diff_enable": (got.cpu() - expect).abs().max().item(),
+            "max_diff_from_pretrained": (got2.cpu() - expect).abs().max().item(),
+            "bytes_per_process": _param_bytes(tp), "bytes_full": _param_bytes(ref)}
+
+
+def _flux_pipe(parallel: bool) -> Any:
+    import diffusers
+    from diffusers.models._modeling_parallel import TensorParallelConfig
+
+    torch.manual_seed(1)
+    vae = diffusers.AutoencoderKL(in_channels=3, out_channels=3, latent_channels=2, block_out_channels=(8,),
+                                  down_block_types=("DownEncoderBlock2D",), up_block_types=("UpDecoderBlock2D",),
+                                  norm_num_groups=4, layers_per_block=1, shift_factor=0.1, scaling_factor=0.5)
+    pipe = diffusers.FluxPipeline(scheduler=diffusers.FlowMatchEulerDiscreteScheduler(), vae=vae, text_encoder=None,
+                                  tokenizer=None, text_encoder_2=None, tokenizer_2=None, transformer=_tiny_flux())
+    pipe.set_progress_bar_config(disable=True)
+    pipe.to("tpu")
+    if parallel:
+        pipe.transformer.enable_parallelism(config=TensorParallelConfig(tp_degree=world()))
+    return pipe
+
+
+@case
+def diffusers_tp_flux_pipeline() -> float:
+    g = torch.Generator().manual_seed(4)
+    embeds = torch.randn(1, 7, 32, generator=g)
+    pooled = torch.randn(1, 16, generator=g)
+    images = []
+    for parallel in (False, True):
+        pipe = _flux_pipe(parallel)
+        out = pipe(prompt_embeds=embeds.to(TPU), pooled_prompt_embeds=pooled.to(TPU), height=8, width=8,
+                   num_inference_steps=2, guidance_scale=3.5, generator=torch.Generator().manual_seed(0),
+                   output_type="pt").images
+        images.append(out.cpu())
+    torch.testing.assert_close(images[1], images[0], rtol=1e-4, atol=1e-4)
+    return (images[1] - images[0]).abs().max().item()

@@ -90,8 +90,9 @@ def test_cpu_tensor_on_tpu_group(pool: Pool) -> None:
 
 
 def _launch(code: str, world: int = 2, timeout: int = 120) -> list[subprocess.CompletedProcess[str]]:
-    port = free_port()
-    procs = [subprocess.Popen([sys.executable, "-c", code], cwd=REPO, env=rank_env(r, world, port),
+    port, port2 = free_port(), free_port()
+    procs = [subprocess.Popen([sys.executable, "-c", code], cwd=REPO,
+                              env=rank_env(r, world, port, {"MASTER_PORT2": str(port2)}),
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for r in range(world)]
     out = []
     for p in procs:
@@ -132,12 +133,13 @@ def test_missing_master_addr_says_what_is_missing() -> None:
 
 def test_backend_string_forms() -> None:
     code = (
-        "import torch, torch.distributed as dist\n"
+        "import os, torch, torch.distributed as dist\n"
         "dist.init_process_group('cpu:gloo,tpu:tpu_dist')\n"
         "x = torch.ones(3, device='tpu'); c = torch.ones(3)\n"
         "dist.all_reduce(x); dist.all_reduce(c)\n"
         "print('OUT', x.device.type, x.cpu().tolist(), c.tolist())\n"
         "dist.destroy_process_group()\n"
+        "os.environ['MASTER_PORT'] = os.environ['MASTER_PORT2']  # a fresh store: no race with the old one\n"
         "dist.init_process_group('tpu')\n"
         "y = torch.ones(2, device='tpu'); dist.all_reduce(y); print('OUT2', y.cpu().tolist())\n"
         "dist.destroy_process_group()\n"
@@ -145,3 +147,26 @@ def test_backend_string_forms() -> None:
     for r in _launch(code):
         assert "OUT tpu [2.0, 2.0, 2.0] [2.0, 2.0, 2.0]" in r.stdout, r.stdout[-3000:]
         assert "OUT2 [2.0, 2.0]" in r.stdout, r.stdout[-3000:]
+
+
+@pytest.mark.parametrize("model", ["llama", "qwen3_moe", "mixtral"])
+def test_hf_tp_plan_auto_matches_single_device(pool: Pool, model: str) -> None:
+    res = pool.ok(f"hf_tp_{model}", timeout=300)
+    if os.environ.get("TORCH_TPU_DIST_TABLE"):
+        print(model, json.dumps(res[0]))
+    assert res[0]["tokens"] == res[1]["tokens"]
+    for x in res:
+        assert x["tokens_equal"] and x["max_logit_diff"] < 1e-4
+        assert x["bytes_per_process"] < 0.6 * x["bytes_full"], x  # each process holds its shard only
+
+
+def test_diffusers_flux_tensor_parallel(pool: Pool) -> None:
+    res = pool.ok("diffusers_tp_flux", timeout=300)
+    if os.environ.get("TORCH_TPU_DIST_TABLE"):
+        print(json.dumps(res[0]))
+    for x in res:
+        assert x["bytes_per_process"] < x["bytes_full"]
+
+
+def test_diffusers_flux_pipeline_with_parallel_transformer(pool: Pool) -> None:
+    pool.ok("diffusers_tp_flux_pipeline", timeout=300)
