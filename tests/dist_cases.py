@@ -671,3 +671,37 @@ def diffusers_tp_flux_pipeline() -> float:
         images.append(out.cpu())
     torch.testing.assert_close(images[1], images[0], rtol=1e-4, atol=1e-4)
     return (images[1] - images[0]).abs().max().item()
+
+
+# ------------------------------------------------------------------ torch.compile of a TP model
+@case
+def compiled_tp_mlp() -> dict[str, Any]:
+    import torch_tpu
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    mesh = _mesh()
+    ref = _mlp()
+    x = torch.randn(4, 6, 8, generator=torch.Generator().manual_seed(1))
+    ref_out = ref(x)
+    ref_out.sum().backward()
+    tp = _mlp().to(TPU)
+    parallelize_module(tp, mesh, {"up": ColwiseParallel(), "down": RowwiseParallel()})
+    compiled = torch.compile(tp, backend="tpu")
+    torch._dynamo.utils.counters.clear()
+    out = compiled(x.to(TPU))
+    same(out, ref_out.detach(), "compiled TP forward")
+    out.sum().backward()
+    same(tp.up.weight.grad.full_tensor(), ref.up.weight.grad, "compiled TP colwise grad")
+    same(tp.down.weight.grad.full_tensor(), ref.down.weight.grad, "compiled TP rowwise grad")
+    with torch.no_grad():
+        compiled(x.to(TPU))  # warm-up of the inference graph
+        frames = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+        builds = torch_tpu.cache_stats()
+        for i in range(3):  # steady state: new inputs, same shapes -> no new graphs, no new programs
+            xi = torch.randn(4, 6, 8, generator=torch.Generator().manual_seed(10 + i))
+            same(compiled(xi.to(TPU)), ref(xi), f"compiled TP call {i}")
+    after = torch_tpu.cache_stats()
+    new_graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"] - frames
+    misses = after["misses"] - builds["misses"]
+    assert new_graphs == 0 and misses == 0, (new_graphs, misses)
+    return {"new_graphs_after_warmup": new_graphs, "program_misses": misses}

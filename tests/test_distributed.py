@@ -170,3 +170,8 @@ def test_diffusers_flux_tensor_parallel(pool: Pool) -> None:
 
 def test_diffusers_flux_pipeline_with_parallel_transformer(pool: Pool) -> None:
     pool.ok("diffusers_tp_flux_pipeline", timeout=300)
+
+
+def test_compiled_tensor_parallel_splits_at_collectives(pool: Pool) -> None:
+    res = pool.ok("compiled_tp_mlp", timeout=300)
+    assert all(x["new_graphs_after_warmup"] == 0 and x["program_misses"] == 0 for x in res), res

@@ -278,6 +278,10 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Ca
     """An AOTAutograd compiler: returns a boxed callable running `gm` as one program."""
     from torch._functorch.aot_autograd import make_boxed_func
 
+    from torch_tpu.distributed import _compile as dist_compile
+
+    if dist_compile.has_collectives(gm):  # split at collectives (torch_tpu/distributed/_compile.py)
+        return dist_compile.split_at_collectives(gm, compile_graph)
     _graph_counter[0] += 1
     name = f"graph{_graph_counter[0]}"
     try:
