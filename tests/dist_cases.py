@@ -514,8 +514,9 @@ def dcp_save_load() -> str:
 def _hf_config(kind: str) -> Any:
     import transformers as tf
 
+    # KV heads must divide by the TP degree: 2 (GQA) on 2 processes, 4 on 4.
     common = dict(vocab_size=128, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
-                  num_key_value_heads=2, max_position_embeddings=64)
+                  num_key_value_heads=max(2, world()), max_position_embeddings=64)
     if kind == "llama":
         return tf.LlamaConfig(intermediate_size=128, **common)
     if kind == "qwen3_moe":
@@ -705,3 +706,36 @@ def compiled_tp_mlp() -> dict[str, Any]:
     misses = after["misses"] - builds["misses"]
     assert new_graphs == 0 and misses == 0, (new_graphs, misses)
     return {"new_graphs_after_warmup": new_graphs, "program_misses": misses}
+
+
+# ------------------------------------------------------------------ 2-D mesh (4 processes)
+@case
+def fsdp_x_tp_2d() -> list[float]:
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    assert world() == 4
+    mesh = init_device_mesh("tpu", (2, 2), mesh_dim_names=("dp", "tp"))
+    ref_losses, ref = _ref_losses()
+    model = _mlp().to(TPU)
+    parallelize_module(model, mesh["tp"], {"up": ColwiseParallel(), "down": RowwiseParallel()})
+    fully_shard(model, mesh=mesh["dp"])
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    dp = mesh["dp"].get_local_rank()
+    losses = []
+    for x, y in _batches():
+        xs, ys = x.chunk(2)[dp].to(TPU), y.chunk(2)[dp].to(TPU)
+        loss = torch.nn.functional.mse_loss(model(xs), ys)
+        full = loss.detach().clone()
+        full = full.full_tensor() if hasattr(full, "full_tensor") else full
+        dist.all_reduce(full, op=dist.ReduceOp.AVG)
+        losses.append(full.item())
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    torch.testing.assert_close(torch.tensor(losses), torch.tensor(ref_losses), rtol=1e-4, atol=1e-5)
+    for (n, p), q in zip(model.named_parameters(), ref.parameters(), strict=True):
+        torch.testing.assert_close(p.full_tensor().cpu(), q.detach(), rtol=1e-4, atol=1e-5,
+                                   msg=lambda m, n=n: f"{n}: {m}")
+    return losses
