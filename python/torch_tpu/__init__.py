@@ -87,6 +87,16 @@ def _autoload() -> None:
     tpu_compile.install_default_backend_routing()
     execution_mode._init_from_env()
 
+    # c10d backends "tpu_dist"/"tpu": cheap (torch.distributed is already imported by torch).
+    if _torch.distributed.is_available():
+        from torch_tpu.distributed import _backend as dist_backend
+
+        dist_backend.register()
+        import torch_tpu.distributed as tpu_distributed
+
+        device_module.distributed = tpu_distributed  # type: ignore[attr-defined]
+        sys.modules["torch.tpu.distributed"] = tpu_distributed
+
 
 _autoload()
 
