@@ -14,7 +14,7 @@
 #include <ATen/ops/scalar_tensor.h>
 
 #include "common.h"
-#include "execute.h"
+#include "plan_call.h"
 #include "generator.h"
 #include "lowering/lowering.h"
 #include "runtime/compile_cache.h"

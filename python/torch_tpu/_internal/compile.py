@@ -17,6 +17,7 @@ import contextlib
 import functools
 import operator
 import re
+import sys
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -110,6 +111,12 @@ def _bind(op: torch._ops.OpOverload, args: Sequence[Any], kwargs: dict[str, Any]
     return out
 
 
+def _jax_op_of(op: torch._ops.OpOverload) -> Any:
+    """The jax_op behind a custom op, if torch_tpu.pallas registered it (never imports JAX)."""
+    mod = sys.modules.get("torch_tpu.pallas._jax_op")
+    return None if mod is None else mod.REGISTRY.get(op._schema.name)
+
+
 class _Describer:
     def __init__(self, gm: torch.fx.GraphModule, name: str) -> None:
         self.gm = gm
@@ -168,6 +175,28 @@ class _Describer:
         if isinstance(v, (list, tuple)) and all(isinstance(e, (int, bool)) for e in v):
             return (name, K_INTLIST, 0, 0.0, "", [int(e) for e in v])
         raise Unsupported(f"argument {name}={v!r}")
+
+    def jax_node(self, n: torch.fx.Node, op: torch._ops.OpOverload, jop: Any) -> tuple:
+        """A jax_op call: the same registered module eager runs, spliced into this program."""
+        bound = _bind(op, n.args, n.kwargs)
+        refs, metas, statics = [], [], []
+        for p, (_a, v) in zip(jop.params, bound, strict=True):
+            if p.tensor:
+                val = v.meta.get("val") if isinstance(v, torch.fx.Node) else None
+                if not isinstance(val, torch.Tensor):
+                    raise Unsupported(f"{op}: argument {p.name} is not a tensor value")
+                refs.append(self.ref(v))
+                metas.append((val.dtype, tuple(int(s) for s in val.shape)))
+            else:
+                c = self._concrete(v)
+                statics.append((p.name, tuple(c) if isinstance(c, list) else c))
+        kernel = jop.kernel(metas, tuple(statics))
+        val = n.meta.get("val")
+        vals = list(val) if isinstance(val, (list, tuple)) else [val]
+        out_ids = [self.new_id() for _ in vals]
+        self.ids[n] = out_ids if isinstance(val, (list, tuple)) else out_ids[0]
+        args = [("args", K_REFLIST, 0, 0.0, "", refs), ("kernel", K_STR, 0, 0.0, kernel.key, [])]
+        return ("jax_call", "", args, out_ids, [_tensor_type(v) for v in vals])
 
     def describe(self) -> tuple[dict[str, Any], list[tuple[str, Any]]]:
         inputs = []
@@ -258,9 +287,14 @@ class _Describer:
             nodes.append(("_to_copy", "", [("self", K_REF, 0, 0.0, "", [self.ref(n.args[0])])], [out_id],
                           [_tensor_type(n.meta["val"])]))
             return
-        if not op._schema.name.startswith("aten::"):
+        jop = _jax_op_of(op)
+        if jop is not None:
+            self.node_of.append(n)
+            nodes.append(self.jax_node(n, op, jop))
+            return
+        ns, _, base = op._schema.name.partition("::")
+        if ns not in ("aten", "torch_tpu"):  # torch_tpu:: ops (ragged_dot) are lowered too
             raise Unsupported(f"non-aten op {op}")
-        base = op._schema.name[len("aten::"):]
         if base.endswith("_") and not base.startswith("__"):
             raise Unsupported(f"in-place op {op} in a functional graph")
         bound = _bind(op, n.args, n.kwargs)
@@ -442,6 +476,11 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any],
     (custom_compiler_options() blocks add theirs)."""
     from torch._functorch.aot_autograd import make_boxed_func
 
+    from torch_tpu.distributed import _compile as dist_compile
+
+    if dist_compile.has_collectives(gm):  # split at collectives (torch_tpu/distributed/_compile.py)
+        return dist_compile.split_at_collectives(
+            gm, lambda g, inputs: compile_graph(g, inputs, options))
     STATS["graphs"] += 1
     xla = xla_options.encode({**(options or {}), **xla_options.current()})
     try:
