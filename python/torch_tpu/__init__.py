@@ -14,6 +14,7 @@ __all__ = [
     "EagerMode",
     "explain",
     "cache_stats",
+    "compile_stats",
     "dispatch_stats",
     "fallback_stats",
     "reset_cache_stats",
@@ -138,3 +139,11 @@ def dispatch_stats() -> dict[str, int]:
 
 def lowered_ops() -> list[str]:
     return list(_C._lowered_ops())
+
+
+def compile_stats() -> dict[str, int]:
+    """What the torch.compile backend did: FX graphs received, XLA programs built, graphs split
+    into compiled pieces around eager nodes (and those nodes), graphs run op by op."""
+    from torch_tpu._internal import compile as tpu_compile
+
+    return dict(tpu_compile.STATS)
