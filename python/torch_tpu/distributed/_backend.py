@@ -115,6 +115,28 @@ def _host(t: torch.Tensor) -> torch.Tensor:
     return t.detach().to("cpu").contiguous()
 
 
+def _zero_copy() -> bool:
+    return os.environ.get("TORCH_TPU_DIST_ZERO_COPY", "1") != "0"
+
+
+def _view(t: torch.Tensor, writable: bool) -> torch.Tensor | None:
+    """A CPU tensor aliasing `t`'s device buffer (CPU plugin: device memory is host memory), or None.
+
+    csrc/distributed/host_view.cc decides when aliasing is safe; `writable` views are for
+    in-place collectives and need a buffer no other storage or in-flight program shares.
+    """
+    if t.device.type != "tpu" or t.dtype not in _GLOO_DTYPES or not _zero_copy():
+        return None
+    v = torch.ops.tpu_dist.host_view(t.detach(), writable)
+    return v if isinstance(v, torch.Tensor) else None
+
+
+def _host_in(t: torch.Tensor) -> torch.Tensor:
+    """`t` on the host for reading: an alias of its buffer when possible, else a copy."""
+    v = _view(t, False)
+    return v if v is not None else _host(t)
+
+
 def _bytes(t: torch.Tensor) -> torch.Tensor:
     """A host tensor as gloo can move it: itself, or its raw bytes for dtypes gloo lacks."""
     if t.dtype in _GLOO_DTYPES:
@@ -280,7 +302,10 @@ _A2A_CODE = 13
 
 
 # ------------------------------------------------------------------ completion
-def _finish(work: Any, copies: list[tuple[torch.Tensor, Callable[[], torch.Tensor]]], result: Any) -> Any:
+_Copies = list[tuple[torch.Tensor | None, Callable[[], torch.Tensor]]]
+
+
+def _finish(work: Any, copies: _Copies, result: Any) -> Any:
     """A Work that completes after gloo's `work` and the host->device copies of the results."""
     return _chain([work], copies, result)
 
@@ -313,7 +338,7 @@ def _future_of(work: Any) -> torch.futures.Future:
     return fut
 
 
-def _chain(works: list[Any], copies: list[tuple[torch.Tensor, Callable[[], torch.Tensor]]], result: Any) -> Any:
+def _chain(works: list[Any], copies: _Copies, result: Any) -> Any:
     futs = [_future_of(w) for w in works]
     fut = futs[0] if len(futs) == 1 else torch.futures.collect_all(futs)
 
@@ -324,7 +349,9 @@ def _chain(works: list[Any], copies: list[tuple[torch.Tensor, Callable[[], torch
                 x.value()
         with torch.no_grad():
             for dst, make in copies:
-                dst.copy_(make())
+                v = make()
+                if dst is not None:  # None: `make` finished the result in place (aliased buffer)
+                    dst.copy_(v)
         return result
 
     return c10d._create_work_from_future(fut.then(done)).boxed()
@@ -349,8 +376,10 @@ def _allreduce(tensors: list[torch.Tensor], pg: Any, reduce_op: Any, sparse: Any
 
 def _reduce_many(st: _GroupState, tensors: list[torch.Tensor], op: int, op_obj: Any, timeout: int,
                  launch: Callable[[Any, list[torch.Tensor], Any], Any], root: int | None = None) -> Any:
-    hosts = [_host(t) for t in tensors]
-    wires = [_pre_reduce(_reduce_wire(h, op), op, op_obj) for h in hosts]
+    # all_reduce in place on the aliased buffers (no copies); reduce may use its input as scratch.
+    views = [_view(t, True) if root is None and not t.is_complex() else None for t in tensors]
+    wires = [_pre_reduce(v if v is not None else _reduce_wire(_host(t), op), op, op_obj)
+             for t, v in zip(tensors, views, strict=True)]
     gop = _wire_op(wires[0], op)
     if root is None:
         o = _opts(c10d.AllreduceOptions, timeout, reduceOp=gop)
@@ -359,7 +388,12 @@ def _reduce_many(st: _GroupState, tensors: list[torch.Tensor], op: int, op_obj: 
     works = [launch(st.gloo, [w], o) for w in wires]
     if root is not None and root != st.rank:
         return _chain(works, [], tensors)
-    copies = [(t, (lambda w=w, t=t: _from_wire(_post_reduce(w, op, st.size), t))) for t, w in zip(tensors, wires, strict=True)]
+    copies: _Copies = []
+    for t, w, v in zip(tensors, wires, views, strict=True):
+        if v is not None:
+            copies.append((None, lambda w=w: _post_reduce(w, op, st.size)))
+        else:
+            copies.append((t, lambda w=w, t=t: _from_wire(_post_reduce(w, op, st.size), t)))
     return _chain(works, copies, tensors)
 
 
@@ -387,12 +421,14 @@ def _broadcast(tensors: list[torch.Tensor], pg: Any, root_rank: int, root_tensor
                timeout: int = -1) -> tuple[list[torch.Tensor], Any]:
     st = _state(pg)
     _agree(st, "broadcast", _signature(st, 4, tensors[0], root=root_rank, count=len(tensors)), timeout)
-    hosts = [_host(t) for t in tensors]
+    views = [_view(t, root_rank != st.rank) for t in tensors]  # receivers write in place
+    hosts = [v if v is not None else _host(t) for t, v in zip(tensors, views, strict=True)]
     wires = [_bytes(h) for h in hosts]
     o = _opts(c10d.BroadcastOptions, timeout, rootRank=root_rank, rootTensor=root_tensor)
     work = st.gloo.broadcast(wires, o)
-    copies = [] if root_rank == st.rank else [
-        (t, (lambda w=w, h=h: _unbytes(w, h))) for t, w, h in zip(tensors, wires, hosts, strict=True)]
+    copies: _Copies = [] if root_rank == st.rank else [
+        (t, (lambda w=w, h=h: _unbytes(w, h))) for t, w, h, v in zip(tensors, wires, hosts, views, strict=True)
+        if v is None]
     return tensors, _finish(work, copies, tensors)
 
 
@@ -405,7 +441,7 @@ def _allgather(outputs: list[list[torch.Tensor]], inputs: list[torch.Tensor], pg
         if o.shape != inp.shape or o.dtype != inp.dtype:
             raise RuntimeError(f"tpu_dist: all_gather output tensors must match the input "
                                f"({inp.dtype}{list(inp.shape)}), got {o.dtype}{list(o.shape)}")
-    h = _bytes(_host(inp))
+    h = _bytes(_host_in(inp))
     outs = [torch.empty_like(h) for _ in outputs[0]]
     work = st.gloo.allgather([outs], [h], _opts(c10d.AllgatherOptions, timeout))
     copies = [(t, (lambda w=w, t=t: _unbytes(w, t))) for t, w in zip(outputs[0], outs, strict=True)]
@@ -420,7 +456,7 @@ def _allgather_base(output: torch.Tensor, inp: torch.Tensor, pg: Any, async_op: 
         raise RuntimeError(
             f"tpu_dist: all_gather_into_tensor needs an output of {inp.numel() * st.size} "
             f"{inp.dtype} elements (world size x input), got {output.dtype}{list(output.shape)}")
-    h = _bytes(_host(inp))
+    h = _bytes(_host_in(inp))
     out = h.new_empty((h.numel() * st.size,))
     work = st.gloo._allgather_base(out, h.reshape(-1), _opts(c10d.AllgatherOptions, timeout))
     return output, _finish(work, [(output, lambda: _unbytes(out, output).reshape(output.shape))], output)
@@ -516,7 +552,7 @@ def _a2a_base(output: torch.Tensor, inp: torch.Tensor, pg: Any, out_splits: list
         raise RuntimeError(f"tpu_dist: all_to_all_single split sizes {rows_in} / {rows_out} do not add up to "
                            f"the input/output first dimensions {inp.shape[0]} / {output.shape[0]}")
     row_in = inp[0].numel() if inp.dim() else 1
-    h = _bytes(_host(inp))
+    h = _bytes(_host_in(inp))
     per = h.numel() // max(inp.numel(), 1) if inp.numel() else 1  # wire elements per tensor element
     out = h.new_empty((output.numel() * per,))
     work = st.gloo.alltoall_base(out, h.reshape(-1), [r * row_in * per for r in rows_out],
@@ -570,7 +606,7 @@ def _scatter(outputs: list[torch.Tensor], input_lists: list[list[torch.Tensor]],
 
 def _send(tensors: list[torch.Tensor], pg: Any, dst: int, tag: int) -> Any:
     st = _state(pg)
-    hosts = [_bytes(_host(t)) for t in tensors]
+    hosts = [_bytes(_host_in(t)) for t in tensors]
     work = st.gloo.send(hosts, dst, tag)
     return _finish(work, [], tensors)
 
