@@ -47,10 +47,10 @@ def _allreduce(dist: Any, torch: Any, rank: int) -> dict[str, Any]:
         cpu = torch.full((n,), float(rank + 1))
         tpu = cpu.to("tpu")
 
-        def run_cpu() -> None:
+        def run_cpu(cpu: Any = cpu) -> None:
             dist.all_reduce(cpu)
 
-        def run_tpu(group: Any = None) -> None:
+        def run_tpu(group: Any = None, tpu: Any = tpu) -> None:
             dist.all_reduce(tpu, group=group)
             torch.tpu.synchronize()
 
@@ -123,7 +123,7 @@ def worker() -> None:
 
 
 # ------------------------------------------------------------------ driver
-def main() -> dict[str, Any]:
+def run() -> dict[str, Any]:
     sys.path.insert(0, str(HERE))
     from bench_common import finish, fmt_ratio, ratio
 
@@ -155,4 +155,4 @@ if __name__ == "__main__":
     if "--worker" in sys.argv:
         worker()
     else:
-        main()
+        run()
