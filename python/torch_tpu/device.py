@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from torch_tpu import _C
+from torch_tpu import _C, compiler, optimizers  # noqa: F401 (torch.tpu.compiler, torch.tpu.optimizers)
 
 _initialized = False
 _DeviceLike = int | str | torch.device | None
