@@ -7,7 +7,7 @@
 #include <torch/library.h>
 
 #include "aten/common.h"
-#include "aten/execute.h"
+#include "runtime/executor.h"
 #include "runtime/context.h"
 
 namespace {
@@ -38,7 +38,7 @@ at::Tensor host_view(const at::Tensor& t, bool writable) {
   if (!tpu::aten::supported_dtype(t.scalar_type())) return {};
   tpu::runtime::StorageState& st = tpu::aten::state_of(t);
   if (static_cast<size_t>(t.numel()) * t.itemsize() != st.nbytes) return {};
-  tpu::aten::fused_flush();  // the storage's pending value becomes its buffer
+  tpu::runtime::fused_flush();  // the storage's pending value becomes its buffer
   BufferPtr buf;
   {
     std::lock_guard<std::mutex> lock(st.mu);
