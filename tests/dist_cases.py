@@ -739,3 +739,26 @@ def fsdp_x_tp_2d() -> list[float]:
         torch.testing.assert_close(p.full_tensor().cpu(), q.detach(), rtol=1e-4, atol=1e-5,
                                    msg=lambda m, n=n: f"{n}: {m}")
     return losses
+
+
+@case
+def zero_copy_safety() -> str:
+    """In-place collectives on aliased buffers must not leak into other tensors."""
+    n = world()
+    a = torch.ones(5, device=TPU)
+    keep = a.clone()  # may share a's PJRT buffer internally: must stay ones
+    alias = a.view(5)  # shares a's storage: must see the result
+    dist.all_reduce(a)
+    same(a, torch.full((5,), float(n)), "all_reduce result")
+    same(alias, torch.full((5,), float(n)), "view of the reduced tensor")
+    same(keep, torch.ones(5), "clone taken before the collective")
+    same(torch.ones(5, device=TPU), torch.ones(5), "a fresh ones() after an in-place collective")
+    b = torch.zeros(5, device=TPU) + rank()
+    c = b * 1  # b's buffer is read by this op
+    dist.broadcast(b, src=0)
+    same(c, torch.full((5,), float(rank())), "tensor computed from the broadcast input before it")
+    same(b, torch.zeros(5), "broadcast result")
+    s = torch.arange(10.0, device=TPU)[2:7]  # a view: staged path
+    dist.all_reduce(s)
+    same(s, torch.arange(2.0, 7.0) * n, "all_reduce of a view")
+    return "ok"

@@ -45,6 +45,10 @@ def test_functional_collectives(pool: Pool) -> None:
     pool.ok("functional_collectives")
 
 
+def test_zero_copy_collectives_do_not_leak(pool: Pool) -> None:
+    pool.ok("zero_copy_safety")
+
+
 def test_new_group(pool: Pool) -> None:
     assert pool.ok("new_group_subgroups") == [[0, 2], [1, 2]]
 
