@@ -208,3 +208,9 @@ def test_spawn_helper_and_torch_tpu_distributed_alias() -> None:
         for r in range(2):
             with open(os.path.join(d, str(r))) as f:
                 assert f.read() == "[3.0, 3.0]"
+
+
+def test_compiled_tp_decode_no_recompiles(pool: Pool) -> None:
+    res = pool.ok("compiled_tp_decode", timeout=300)
+    if os.environ.get("TORCH_TPU_DIST_TABLE"):
+        print(json.dumps(res[0]))
