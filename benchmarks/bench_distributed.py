@@ -18,7 +18,7 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 NAME = "distributed"
 SIZES_MIB = (4, 64)
-REPEATS = 7
+REPEATS = 15
 DECODE_TOKENS = 16
 GOAL_ALLREDUCE = 0.8  # tpu_dist time must be within 1/0.8 of gloo on CPU tensors
 
