@@ -69,7 +69,13 @@ def _create(store: Any, rank: int, size: int, timeout: datetime.timedelta) -> An
     return gloo
 
 
-def _state(pg_obj: Any) -> _GroupState:
+_mode = threading.local()  # per call: complete on the calling thread (the caller waits at once)
+
+
+def _state(pg_obj: Any, async_op: bool = True) -> _GroupState:
+    # async_op=False: the caller (dist.all_reduce(...) without async_op) waits right away, so the
+    # results are finished on this thread instead of in a callback on gloo's thread.
+    _mode.inline = not async_op
     pg = dist.ProcessGroup.unbox(pg_obj)
     backend = pg._get_backend(torch.device("tpu"))
     st = _states.get(id(backend))
@@ -339,6 +345,16 @@ def _future_of(work: Any) -> torch.futures.Future:
 
 
 def _chain(works: list[Any], copies: _Copies, result: Any) -> Any:
+    if getattr(_mode, "inline", False):
+        _mode.inline = False
+        for w in works:
+            w.wait()  # releases the GIL; raises gloo's error (peer died, timeout)
+        with torch.no_grad():
+            for dst, make in copies:
+                v = make()
+                if dst is not None:
+                    dst.copy_(v)
+        return _done_work(result)
     futs = [_future_of(w) for w in works]
     fut = futs[0] if len(futs) == 1 else torch.futures.collect_all(futs)
 
@@ -366,7 +382,7 @@ def _done_work(result: Any) -> Any:
 # ------------------------------------------------------------------ kernels
 def _allreduce(tensors: list[torch.Tensor], pg: Any, reduce_op: Any, sparse: Any, async_op: bool = True,
                timeout: int = -1) -> tuple[list[torch.Tensor], Any]:
-    st = _state(pg)
+    st = _state(pg, async_op)
     op = int(reduce_op.op())
     if sparse is not None:
         raise RuntimeError("tpu_dist: sparse all_reduce is not supported")
@@ -399,7 +415,7 @@ def _reduce_many(st: _GroupState, tensors: list[torch.Tensor], op: int, op_obj: 
 
 def _allreduce_coalesced(tensors: list[torch.Tensor], pg: Any, reduce_op: Any, async_op: bool = True,
                          timeout: int = -1) -> Any:
-    st = _state(pg)
+    st = _state(pg, async_op)
     op = int(reduce_op.op())
     total = sum(t.numel() for t in tensors)
     _agree(st, "all_reduce_coalesced",
@@ -411,7 +427,7 @@ def _allreduce_coalesced(tensors: list[torch.Tensor], pg: Any, reduce_op: Any, a
 
 def _reduce(tensors: list[torch.Tensor], pg: Any, reduce_op: Any, root_rank: int, root_tensor: int,
             async_op: bool = True, timeout: int = -1) -> Any:
-    st = _state(pg)
+    st = _state(pg, async_op)
     op = int(reduce_op.op())
     _agree(st, "reduce", _signature(st, 3, tensors[0], op=op, root=root_rank), timeout)
     return _reduce_many(st, tensors, op, reduce_op, timeout, lambda g, ws, o: g.reduce(ws, o), root=root_rank)
@@ -419,7 +435,7 @@ def _reduce(tensors: list[torch.Tensor], pg: Any, reduce_op: Any, root_rank: int
 
 def _broadcast(tensors: list[torch.Tensor], pg: Any, root_rank: int, root_tensor: int, async_op: bool = True,
                timeout: int = -1) -> tuple[list[torch.Tensor], Any]:
-    st = _state(pg)
+    st = _state(pg, async_op)
     _agree(st, "broadcast", _signature(st, 4, tensors[0], root=root_rank, count=len(tensors)), timeout)
     views = [_view(t, root_rank != st.rank) for t in tensors]  # receivers write in place
     hosts = [v if v is not None else _host(t) for t, v in zip(tensors, views, strict=True)]
@@ -434,7 +450,7 @@ def _broadcast(tensors: list[torch.Tensor], pg: Any, root_rank: int, root_tensor
 
 def _allgather(outputs: list[list[torch.Tensor]], inputs: list[torch.Tensor], pg: Any, async_op: bool = True,
                timeout: int = -1) -> tuple[list[list[torch.Tensor]], Any]:
-    st = _state(pg)
+    st = _state(pg, async_op)
     inp = inputs[0]
     _agree(st, "all_gather", _signature(st, 5, inp), timeout)
     for o in outputs[0]:
@@ -450,7 +466,7 @@ def _allgather(outputs: list[list[torch.Tensor]], inputs: list[torch.Tensor], pg
 
 def _allgather_base(output: torch.Tensor, inp: torch.Tensor, pg: Any, async_op: bool = True,
                     timeout: int = -1) -> tuple[torch.Tensor, Any]:
-    st = _state(pg)
+    st = _state(pg, async_op)
     _agree(st, "all_gather_into_tensor", _signature(st, 6, inp), timeout)
     if output.numel() != inp.numel() * st.size or output.dtype != inp.dtype:
         raise RuntimeError(
@@ -464,7 +480,7 @@ def _allgather_base(output: torch.Tensor, inp: torch.Tensor, pg: Any, async_op: 
 
 def _allgather_coalesced(output_lists: list[list[torch.Tensor]], inputs: list[torch.Tensor], pg: Any,
                          async_op: bool = True) -> Any:
-    st = _state(pg)
+    st = _state(pg, async_op)
     _agree(st, "all_gather_coalesced", _signature(st, 7, inputs[0] if inputs else None, count=len(inputs),
                                                   total=sum(t.numel() for t in inputs)))
     works, copies = [], []
@@ -478,7 +494,7 @@ def _allgather_coalesced(output_lists: list[list[torch.Tensor]], inputs: list[to
 
 def _allgather_into_tensor_coalesced(outputs: list[torch.Tensor], inputs: list[torch.Tensor], pg: Any,
                                      async_op: bool = True) -> Any:
-    st = _state(pg)
+    st = _state(pg, async_op)
     _agree(st, "all_gather_into_tensor_coalesced",
            _signature(st, 8, inputs[0] if inputs else None, count=len(inputs),
                       total=sum(t.numel() for t in inputs)))
@@ -493,7 +509,7 @@ def _allgather_into_tensor_coalesced(outputs: list[torch.Tensor], inputs: list[t
 
 def _reduce_scatter_base(output: torch.Tensor, inp: torch.Tensor, pg: Any, reduce_op: Any,
                          async_op: bool = True, timeout: int = -1) -> tuple[torch.Tensor, Any]:
-    st = _state(pg)
+    st = _state(pg, async_op)
     op = int(reduce_op.op())
     _agree(st, "reduce_scatter_tensor", _signature(st, 9, inp, op=op), timeout)
     if inp.numel() != output.numel() * st.size or output.dtype != inp.dtype:
@@ -517,7 +533,7 @@ def _rs_flat(st: _GroupState, outputs: list[torch.Tensor], inputs: list[torch.Te
 
 def _reduce_scatter_tensor_coalesced(outputs: list[torch.Tensor], inputs: list[torch.Tensor], pg: Any,
                                      reduce_op: Any, async_op: bool = True, timeout: int = -1) -> Any:
-    st = _state(pg)
+    st = _state(pg, async_op)
     op = int(reduce_op.op())
     _agree(st, "reduce_scatter_tensor_coalesced",
            _signature(st, 10, inputs[0] if inputs else None, op=op, count=len(inputs),
@@ -527,7 +543,7 @@ def _reduce_scatter_tensor_coalesced(outputs: list[torch.Tensor], inputs: list[t
 
 def _reduce_scatter(outputs: list[torch.Tensor], input_lists: list[list[torch.Tensor]], pg: Any, reduce_op: Any,
                     async_op: bool = True, timeout: int = -1) -> tuple[list[torch.Tensor], Any]:
-    st = _state(pg)
+    st = _state(pg, async_op)
     op = int(reduce_op.op())
     out = outputs[0]
     _agree(st, "reduce_scatter", _signature(st, 11, out, op=op), timeout)
@@ -542,7 +558,7 @@ def _reduce_scatter(outputs: list[torch.Tensor], input_lists: list[list[torch.Te
 
 def _a2a_base(output: torch.Tensor, inp: torch.Tensor, pg: Any, out_splits: list[int], in_splits: list[int],
               async_op: bool = True, timeout: int = -1) -> Any:
-    st = _state(pg)
+    st = _state(pg, async_op)
     n = st.size
     rows_in = list(in_splits) if in_splits else [inp.shape[0] // n] * n
     rows_out = list(out_splits) if out_splits else [output.shape[0] // n] * n
@@ -562,7 +578,7 @@ def _a2a_base(output: torch.Tensor, inp: torch.Tensor, pg: Any, out_splits: list
 
 def _alltoall(outputs: list[torch.Tensor], inputs: list[torch.Tensor], pg: Any, async_op: bool = True,
               timeout: int = -1) -> tuple[list[torch.Tensor], Any]:
-    st = _state(pg)
+    st = _state(pg, async_op)
     dt = inputs[0].dtype
     _agree(st, "all_to_all", _signature(st, _A2A_CODE, inputs[0], shape=[],
                                         splits=([t.numel() for t in inputs], [t.numel() for t in outputs])), timeout)
@@ -583,7 +599,7 @@ def _alltoall(outputs: list[torch.Tensor], inputs: list[torch.Tensor], pg: Any, 
 
 def _gather(output_lists: list[list[torch.Tensor]], inputs: list[torch.Tensor], pg: Any, root_rank: int,
             async_op: bool = True, timeout: int = -1) -> Any:
-    st = _state(pg)
+    st = _state(pg, async_op)
     inp = inputs[0]
     _agree(st, "gather", _signature(st, 14, inp, root=root_rank), timeout)
     h = _bytes(_host(inp))
@@ -595,7 +611,7 @@ def _gather(output_lists: list[list[torch.Tensor]], inputs: list[torch.Tensor], 
 
 def _scatter(outputs: list[torch.Tensor], input_lists: list[list[torch.Tensor]], pg: Any, root_rank: int,
              async_op: bool = True, timeout: int = -1) -> tuple[list[torch.Tensor], Any]:
-    st = _state(pg)
+    st = _state(pg, async_op)
     out = outputs[0]
     _agree(st, "scatter", _signature(st, 15, out, root=root_rank), timeout)
     ins = [_bytes(_host(t)) for t in input_lists[0]] if st.rank == root_rank else []
@@ -629,7 +645,7 @@ def _recv_any(tensors: list[torch.Tensor], pg: Any, tag: int) -> Any:
 
 def _barrier(tensor: torch.Tensor, pg: Any, device_ids: list[int], async_op: bool = True,
              timeout: int = -1) -> Any:
-    st = _state(pg)
+    st = _state(pg, async_op)
     return st.gloo.barrier(_opts(c10d.BarrierOptions, timeout)).boxed()
 
 
