@@ -31,7 +31,8 @@ def _configure_plugin() -> None:
     from torch_tpu import _C, _plugin
 
     try:
-        path, _how = _plugin.find_plugin()
+        path, how = _plugin.find_plugin()
+        _plugin.bind_process_chip(how)
     except RuntimeError as e:
         # Keep `import torch` working; the first tpu op raises with this message.
         _C._configure("", _plugin.num_devices())
