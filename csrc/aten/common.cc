@@ -11,6 +11,7 @@ bool supported_dtype(c10::ScalarType t) {
     case c10::kBool: case c10::kByte: case c10::kChar: case c10::kShort: case c10::kInt:
     case c10::kLong: case c10::kHalf: case c10::kBFloat16: case c10::kFloat: case c10::kDouble:
     case c10::kUInt16: case c10::kUInt32: case c10::kUInt64:
+    case c10::kFloat8_e4m3fn: case c10::kFloat8_e5m2:
       return true;
     default:
       return false;
@@ -32,6 +33,8 @@ ElemType elem_of(c10::ScalarType t) {
     case c10::kUInt16: return ElemType::U16;
     case c10::kUInt32: return ElemType::U32;
     case c10::kUInt64: return ElemType::U64;
+    case c10::kFloat8_e4m3fn: return ElemType::F8E4M3FN;
+    case c10::kFloat8_e5m2: return ElemType::F8E5M2;
     default:
       TORCH_CHECK_TYPE(false, "torch_tpu does not support dtype ", t,
                        " on the tpu device; keep such tensors on the CPU");
@@ -53,27 +56,10 @@ c10::ScalarType scalar_of(ElemType t) {
     case ElemType::U16: return c10::kUInt16;
     case ElemType::U32: return c10::kUInt32;
     case ElemType::U64: return c10::kUInt64;
+    case ElemType::F8E4M3FN: return c10::kFloat8_e4m3fn;
+    case ElemType::F8E5M2: return c10::kFloat8_e5m2;
   }
   return c10::kFloat;
-}
-
-pjrt::ElementType pjrt_of(ElemType t) {
-  switch (t) {
-    case ElemType::Pred: return pjrt::ElementType::Pred;
-    case ElemType::U8: return pjrt::ElementType::U8;
-    case ElemType::S8: return pjrt::ElementType::S8;
-    case ElemType::S16: return pjrt::ElementType::S16;
-    case ElemType::S32: return pjrt::ElementType::S32;
-    case ElemType::S64: return pjrt::ElementType::S64;
-    case ElemType::F16: return pjrt::ElementType::F16;
-    case ElemType::BF16: return pjrt::ElementType::BF16;
-    case ElemType::F32: return pjrt::ElementType::F32;
-    case ElemType::F64: return pjrt::ElementType::F64;
-    case ElemType::U16: return pjrt::ElementType::U16;
-    case ElemType::U32: return pjrt::ElementType::U32;
-    case ElemType::U64: return pjrt::ElementType::U64;
-  }
-  return pjrt::ElementType::F32;
 }
 
 runtime::StorageState& state_of(const c10::Storage& s) {

@@ -58,7 +58,7 @@ enum class ElementType : int {
   S32 = PJRT_Buffer_Type_S32, S64 = PJRT_Buffer_Type_S64, U8 = PJRT_Buffer_Type_U8,
   U16 = PJRT_Buffer_Type_U16, U32 = PJRT_Buffer_Type_U32, U64 = PJRT_Buffer_Type_U64,
   F16 = PJRT_Buffer_Type_F16, BF16 = PJRT_Buffer_Type_BF16, F32 = PJRT_Buffer_Type_F32,
-  F64 = PJRT_Buffer_Type_F64,
+  F64 = PJRT_Buffer_Type_F64, F8E4M3FN = PJRT_Buffer_Type_F8E4M3FN, F8E5M2 = PJRT_Buffer_Type_F8E5M2,
 };
 
 class Client;
@@ -92,6 +92,8 @@ class Executable {
   Executable& operator=(const Executable&) = delete;
   ~Executable();
   size_t num_outputs() const { return num_outputs_; }
+  // Size of the generated code as the plugin reports it (0 when it does not say).
+  int64_t code_bytes() const { return code_bytes_; }
   // Launches on `device`; returns as soon as PJRT accepted the launch. `done`, when given,
   // receives the completion event.
   std::vector<BufferPtr> execute(PJRT_Device* device, const std::vector<PJRT_Buffer*>& args,
@@ -103,6 +105,7 @@ class Executable {
   std::shared_ptr<const Api> api_;
   PJRT_LoadedExecutable* exe_;
   size_t num_outputs_ = 0;
+  int64_t code_bytes_ = 0;
 };
 using ExecutablePtr = std::shared_ptr<Executable>;
 

@@ -10,10 +10,12 @@
 
 namespace tpu::shlo {
 
-enum class ElemType : uint8_t { Pred, S8, S16, S32, S64, U8, U16, U32, U64, F16, BF16, F32, F64 };
+// F8E4M3FN / F8E5M2: storage and casts (torch.float8_e4m3fn / float8_e5m2); math runs in f32.
+enum class ElemType : uint8_t { Pred, S8, S16, S32, S64, U8, U16, U32, U64, F16, BF16, F32, F64, F8E4M3FN, F8E5M2 };
 using Shape = std::vector<int64_t>;
 
 bool is_float(ElemType t);
+inline bool is_f8(ElemType t) { return t == ElemType::F8E4M3FN || t == ElemType::F8E5M2; }
 bool is_unsigned(ElemType t);
 inline bool is_integral(ElemType t) { return !is_float(t) && t != ElemType::Pred; }
 int bit_width(ElemType t);
@@ -103,6 +105,7 @@ class Builder {
   Value clamp(Value lo, Value x, Value hi);
   Value convert(Value x, ElemType to);  // PyTorch cast semantics for bool targets (x != 0)
   Value bitcast(Value x, const Type& to);
+  Value convert_to_f8(Value x, ElemType to);
 
   // ---- shape
   Value reshape(Value x, const Shape& shape);

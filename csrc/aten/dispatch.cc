@@ -1,7 +1,7 @@
 // The boxed PrivateUse1 kernel every ATen op without an explicit tpu kernel reaches. It asks
-// PyTorch's meta function for output metadata, allocates (or resizes) the outputs, and runs the
-// op's lowering; ops without a lowering run on the CPU (counted, warned once per op, or an
-// error under TORCH_TPU_FALLBACK=error).
+// PyTorch's meta function for output metadata (cached by call signature), allocates (or
+// resizes) the outputs, computes PyTorch's result type, and hands the call to run_lowering
+// (aten/plan_call.cc). Ops without a lowering go to the CPU fallback (aten/cpu_fallback.cc).
 #include <ATen/core/Tensor.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/native/CPUFallback.h>
@@ -22,31 +22,13 @@
 #include <ATen/ops/scalar_tensor.h>
 
 #include "common.h"
-#include "execute.h"
-#include "fallback.h"
+#include "plan_call.h"
+#include "cpu_fallback.h"
+#include "cuda_compat.h"
 
 namespace tpu::aten {
 
 namespace {
-
-std::mutex stats_mu;
-std::map<std::string, int64_t>& fallback_counts() {
-  static auto* m = std::make_unique<std::map<std::string, int64_t>>().release();
-  return *m;
-}
-std::map<std::string, std::string>& fallback_reasons() {
-  static auto* m = std::make_unique<std::map<std::string, std::string>>().release();
-  return *m;
-}
-std::set<std::string>& warned() {
-  static auto* s = std::make_unique<std::set<std::string>>().release();
-  return *s;
-}
-
-bool fallback_is_error() {
-  const char* v = std::getenv("TORCH_TPU_FALLBACK");
-  return v && std::string(v) == "error";
-}
 
 NamedArg::Hint hint_of(const c10::TypePtr& type) {
   c10::TypePtr t = type;
@@ -461,8 +443,11 @@ bool run_lowered(const c10::OperatorHandle& op, const lowering::OpEntry& entry,
     }
     bool is_out = sargs[j].is_out();
     if (!is_out && args[j].isTensor() && args[j].toTensor().defined()) {
-      rts = at::native::update_result_type_state(args[j].toTensor(), rts);
-      any = true;
+      try {
+        rts = at::native::update_result_type_state(args[j].toTensor(), rts);
+        any = true;
+      } catch (const c10::Error&) {  // float8 next to other floats (_scaled_mm): no promotion
+      }
     } else if (!is_out && a.hint == NamedArg::Hint::Scalar && args[j].isScalar()) {
       // Only the scalar's kind matters for promotion: reuse one wrapped 0-d tensor per kind.
       const c10::Scalar sc = args[j].toScalar();
@@ -498,44 +483,6 @@ bool run_lowered(const c10::OperatorHandle& op, const lowering::OpEntry& entry,
 }
 
 }  // namespace
-
-void cpu_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack, const std::string& why) {
-  const auto& on = op.schema().operator_name();
-  std::string name = on.name + (on.overload_name.empty() ? "" : "." + on.overload_name);
-  if (fallback_is_error()) {
-    TORCH_CHECK_NOT_IMPLEMENTED(false, "torch_tpu: '", name, "' has no tpu lowering (", why,
-                                ") and TORCH_TPU_FALLBACK=error forbids running it on the CPU. "
-                                "Unset TORCH_TPU_FALLBACK to allow the CPU fallback.");
-  }
-  bool warn = false;
-  {
-    std::lock_guard<std::mutex> lock(stats_mu);
-    fallback_counts()[name]++;
-    fallback_reasons()[name] = why;
-    warn = warned().insert(name).second;
-  }
-  if (warn) {
-    TORCH_WARN("torch_tpu: '", name, "' runs on the CPU (", why,
-               "); results are correct but each call copies its tensors to the host and back.");
-  }
-  at::native::cpu_fallback(op, stack, false);
-}
-
-std::map<std::string, int64_t> fallback_stats() {
-  std::lock_guard<std::mutex> lock(stats_mu);
-  return fallback_counts();
-}
-
-std::map<std::string, std::string> fallback_why() {
-  std::lock_guard<std::mutex> lock(stats_mu);
-  return fallback_reasons();
-}
-
-void reset_fallback_stats() {
-  std::lock_guard<std::mutex> lock(stats_mu);
-  fallback_counts().clear();
-  fallback_reasons().clear();
-}
 
 namespace {
 // Ops whose output shape depends on the data: they read their inputs back to the host (one
@@ -581,6 +528,7 @@ void tpu_boxed_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet, torch:
     at::native::cpu_fallback(op, stack, false);
     return;
   }
+  move_cpu_index_args(op, base, stack);
   if (base == "index") convert_bool_indices(op, stack);
   if (const lowering::OpEntry* entry = lowering::find_op(base); entry && !entry->graph_only) {
     const bool foreach = is_foreach(base);
