@@ -117,10 +117,7 @@ class JaxOp:
         self.op = torch.library.custom_op(name, self._impl, mutates_args=(), device_types="tpu",
                                           schema=self.schema)
         self.op.register_fake(self._fake)
-        self._custom_backward = False
-        self._setup_default_autograd()
-        self._orig_register_autograd = self.op.register_autograd
-        self.op.register_autograd = self._register_autograd  # type: ignore[method-assign]
+        self._setup_default_autograd()  # register_autograd on the op replaces it
         self.op.jax_op = self  # type: ignore[attr-defined]
         with _lock:
             REGISTRY[self.op._qualname] = self
@@ -229,15 +226,9 @@ class JaxOp:
         return outs[0] if self.n_out is None else tuple(outs)
 
     # ---- autograd
-    def _register_autograd(self, backward: Callable[..., Any], /, *, setup_context: Callable[..., Any] | None = None
-                           ) -> None:
-        self._custom_backward = True
-        self._orig_register_autograd(backward, setup_context=setup_context)
-
     def _setup_default_autograd(self) -> None:
         """Backward from jax.vjp: a second jax_op taking (inputs..., cotangents...) and returning one
         gradient per float tensor input. Integer inputs get no gradient."""
-        tensor_params = [p for p in self.params if p.tensor]
         holder: dict[str, Any] = {}
 
         def setup_context(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
@@ -262,7 +253,6 @@ class JaxOp:
                     out.append(None)
             return tuple(out)
 
-        del tensor_params
         self.op.register_autograd(backward, setup_context=setup_context)
 
     def __repr__(self) -> str:
