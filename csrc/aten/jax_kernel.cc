@@ -11,7 +11,7 @@
 #include <mutex>
 
 #include "common.h"
-#include "runtime/executor.h"
+#include "plan_call.h"
 #include "lowering/jax_call.h"
 
 namespace tpu::aten {
@@ -29,7 +29,7 @@ std::vector<at::Tensor> jax_call_meta(at::TensorList args, c10::string_view kern
 // programs that read it finish); later reads see a fresh zero buffer.
 void release_buffer(const at::Tensor& t) {
   TORCH_CHECK(t.device().type() == kTpu, "_release_buffer: expected a tpu tensor, got ", t.device());
-  runtime::fused_flush();
+  fused_flush();
   runtime::StorageState& st = state_of(t);
   std::lock_guard<std::mutex> lock(st.mu);
   st.buffer.reset();
