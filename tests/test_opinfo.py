@@ -37,23 +37,23 @@ Three kinds of checks, each recorded per (op, dtype) and summarised separately:
 
 Modes:
   default (`make test`): at most 3 samples per (op, dtype); dtypes float32, bfloat16, int64
-      (or the first other swept dtype when the op supports none of those); a global time budget
-      (TORCH_TPU_OPINFO_BUDGET seconds, default 390) after which the remaining ops are skipped.
-      In-place checks: float32 only, the first 2 samples. Gradients: float32 only, at most
-      TORCH_TPU_OPINFO_GRAD_SAMPLES (2) samples per op, own budget TORCH_TPU_OPINFO_GRAD_BUDGET
-      (default 180 s).
+      (or the first other swept dtype when the op supports none of those). In-place checks:
+      float32 only, the first 2 samples. Gradients: float32 only, at most
+      TORCH_TPU_OPINFO_GRAD_SAMPLES (2) samples per op. Coverage is capped by sample counts, never
+      by wall time, so a slow machine runs exactly the same checks.
   full (`TORCH_TPU_CONFORMANCE=full`, `make conformance`): every sample of every dtype in
-      (float32, bfloat16, float16, float64, int32, int64, bool), no budget; in-place on every
-      swept dtype; gradients in float32, bfloat16, float16 and float64.
+      (float32, bfloat16, float16, float64, int32, int64, bool); in-place on every swept dtype;
+      gradients in float32, bfloat16, float16 and float64.
 TORCH_TPU_OPINFO_OPS=name1,name2 restricts the sweep to those OpInfo keys (debugging);
 TORCH_TPU_OPINFO_DTYPES=float32,bfloat16 restricts the dtypes; TORCH_TPU_OPINFO_KINDS=grad (any of
 forward,inplace,grad) restricts the kinds of checks (in default mode, a TORCH_TPU_OPINFO_DTYPES
 selection also picks the gradient dtypes). TORCH_TPU_OPINFO_DETAILS=path dumps every record;
 TORCH_TPU_OPINFO_MERGE_DETAILS=a.json,b.json merges such dumps of other runs into the summary.
 
-Every XLA CPU executable stays mapped for the life of the process (see _MAX_MAPS): when the
-process nears vm.max_map_count, the remaining ops of the session are swept by a fresh worker
-process (`python tests/test_opinfo.py --worker ...`) whose records are merged back.
+The summary goes to benchmarks/results/local/ (ignored by git); TORCH_TPU_OPINFO_SUMMARY=path
+writes it elsewhere (`make conformance` refreshes the tracked benchmarks/results/opinfo_summary.json).
+The whole sweep runs in this one process: the runtime evicts least-recently-used executables, so
+thousands of distinct programs stay within the process's memory maps.
 
 """
 
@@ -63,9 +63,7 @@ import json
 import math
 import os
 import re
-import subprocess
 import sys
-import tempfile
 import time
 import warnings
 import zlib
@@ -93,11 +91,8 @@ INPLACE_DTYPES = ALL_DTYPES if FULL else (torch.float32,)
 MAX_SAMPLES = None if FULL else 3
 GRAD_MAX_SAMPLES = None if FULL else int(os.environ.get("TORCH_TPU_OPINFO_GRAD_SAMPLES", "2"))
 INPLACE_MAX_SAMPLES = None if FULL else 2
-GRAD_BUDGET_S = float(os.environ.get("TORCH_TPU_OPINFO_GRAD_BUDGET", "0" if FULL else "180"))  # 0: none
-BUDGET_S = float(os.environ.get("TORCH_TPU_OPINFO_BUDGET", "0" if FULL else "390"))  # 0: none
-# Default mode: stop taking new samples of one op after this long (each dtype keeps >= 1 sample).
-PER_OP_S = 0.0 if FULL else float(os.environ.get("TORCH_TPU_OPINFO_PER_OP_S", "6"))
-SUMMARY_PATH = Path(__file__).resolve().parent.parent / "benchmarks" / "results" / "opinfo_summary.json"
+_RESULTS_DIR = Path(__file__).resolve().parent.parent / "benchmarks" / "results"
+SUMMARY_PATH = Path(os.environ.get("TORCH_TPU_OPINFO_SUMMARY") or _RESULTS_DIR / "local" / "opinfo_summary.json")
 PASS_AND_LOWERED_THRESHOLD = 0.98
 
 # Tolerances by the dtype of the compared tensor: (rtol, atol). float32/float64 are
@@ -164,7 +159,6 @@ _DTYPE_SELECT = _env_set("TORCH_TPU_OPINFO_DTYPES")
 KINDS = _env_set("TORCH_TPU_OPINFO_KINDS") or {"forward", "inplace", "grad"}
 OPS = [op for op in op_db if not _SELECT or _key(op) in _SELECT]
 GRAD_OPS = [op for op in OPS if op.supports_autograd]
-OPS_BY_KEY = {_key(op): op for op in op_db}
 
 
 def _dtype_ok(dtype: torch.dtype) -> bool:
@@ -186,34 +180,7 @@ def _grad_dtypes(op) -> list[torch.dtype]:
 
 # (kind, opinfo key, dtype str) -> record; kind is "forward", "inplace" or "grad".
 RESULTS: dict[tuple[str, str, str], dict] = {}
-_STATE = {"start": None, "ops_run": 0, "ops_budget_skipped": 0, "map_guard_stop": None,
-          "ops_map_guard_skipped": 0, "grad_start": None, "grad_ops_run": 0, "grad_ops_budget_skipped": 0,
-          "worker_processes": 0}
-
-# Every XLA CPU executable holds ~30 memory mappings and the runtime never frees executables, so
-# a process that compiles ~1,900 distinct programs reaches vm.max_map_count (65,530): XLA then
-# fails with "Failed to materialize symbols" and the process segfaults while that error is
-# thrown. Stop sweeping before that (remaining ops are skipped and listed in the summary; run
-# them in a new process with TORCH_TPU_OPINFO_OPS).
-try:
-    _MAX_MAPS = int(Path("/proc/sys/vm/max_map_count").read_text())
-except (OSError, ValueError):
-    _MAX_MAPS = 0
-MAP_GUARD_FRACTION = float(os.environ.get("TORCH_TPU_OPINFO_MAP_GUARD_FRACTION", "0.85"))
-_MAP_CHECK_EVERY = 8  # samples
-
-
-def _map_count() -> int:
-    try:
-        with open("/proc/self/maps", "rb") as f:
-            return f.read().count(b"\n")
-    except OSError:
-        return 0
-
-
-def _near_map_limit() -> bool:
-    return bool(_MAX_MAPS) and _map_count() > MAP_GUARD_FRACTION * _MAX_MAPS
-
+_STATE = {"start": None, "ops_run": 0, "grad_start": None, "grad_ops_run": 0}
 
 _COUNTER_FIELDS = ("fallback_ops", "fwd_fallback_ops")
 
@@ -761,7 +728,7 @@ def _describe(sample) -> str:
     return ", ".join(parts)
 
 
-def _sweep(op, dtype: torch.dtype, op_deadline: float | None, kind: str = "forward") -> dict:
+def _sweep(op, dtype: torch.dtype, kind: str = "forward") -> dict:
     """Runs the samples of (op, dtype) for `kind` ("forward", which also runs the in-place
     variant when that kind is on, or "grad")."""
     key = _key(op)
@@ -781,8 +748,6 @@ def _sweep(op, dtype: torch.dtype, op_deadline: float | None, kind: str = "forwa
         rec["sample_gen_error"] = _short(err, 200)
         return rec
     while max_samples is None or taken < max_samples:
-        if taken and op_deadline is not None and time.monotonic() > op_deadline:
-            break
         try:
             sample = next(samples)
         except StopIteration:
@@ -791,10 +756,6 @@ def _sweep(op, dtype: torch.dtype, op_deadline: float | None, kind: str = "forwa
             rec["sample_gen_error"] = _short(err, 200)
             break
         taken += 1
-        if taken % _MAP_CHECK_EVERY == 0 and _near_map_limit():
-            _STATE["map_guard_stop"] = f"{key}/{_dstr(dtype)} after {taken - 1} samples"
-            rec["truncated_by_map_guard"] = True
-            break
         if grad:
             _run_grad_sample(op, sample, rec, dtype, seed + taken)
             continue
@@ -885,12 +846,7 @@ def _summary() -> dict:
         "kinds": sorted(KINDS),
         "dtypes_selected": sorted(_DTYPE_SELECT) or "all",
         "opinfos_run": _STATE["ops_run"],
-        "opinfos_skipped_for_budget": _STATE["ops_budget_skipped"],
-        "map_guard_stop": _STATE["map_guard_stop"],
-        "opinfos_skipped_for_map_guard": _STATE.get("map_guard_skipped_ops", []),
-        "truncated_by_map_guard": sorted(f"{k}:{key}/{d}" for (k, key, d), r in RESULTS.items()
-                                         if r.get("truncated_by_map_guard")),
-        "worker_processes": _STATE["worker_processes"],
+        "max_samples_per_op_dtype": MAX_SAMPLES,
         "merged_details": _STATE.get("merged_details", []),
         "opinfos_with_records": {kind: len({k for (kk, k, _d), r in RESULTS.items() if kk == kind and r["run"]})
                                  for kind in ("forward", "inplace", "grad")},
@@ -906,7 +862,6 @@ def _summary() -> dict:
                      "by how many OpInfos needed them."),
             "opinfos_run": _STATE["grad_ops_run"],
             "wall_s": round(time.monotonic() - _STATE["grad_start"], 1) if _STATE["grad_start"] else 0.0,
-            "opinfos_skipped_for_budget": _STATE["grad_ops_budget_skipped"],
             "max_samples_per_op_dtype": GRAD_MAX_SAMPLES,
             **grad,
             "forward_fallbacks_of_grad_samples_by_opinfo_count": dict(bwd_fwd_fallbacks.most_common()),
@@ -950,8 +905,7 @@ class _SummaryPlugin:
         s = self.summary
         tr = terminalreporter
         tr.section("OpInfo conformance summary")
-        tr.write_line(json.dumps({k: s[k] for k in ("mode", "opinfos_run", "opinfos_skipped_for_budget",
-                                                     "map_guard_stop", "worker_processes", "wall_s",
+        tr.write_line(json.dumps({k: s[k] for k in ("mode", "opinfos_run", "max_samples_per_op_dtype", "wall_s",
                                                      "per_dtype")}, indent=1))
         tr.write_line(f"ops that fell back ({len(s['ops_that_fell_back'])}): "
                       + json.dumps(s["ops_that_fell_back"]))
@@ -976,89 +930,17 @@ def _opinfo_session(request):
     yield
 
 
-# ---------------------------------------------------------------------------------------------
-# Worker processes (vm.max_map_count)
-# ---------------------------------------------------------------------------------------------
-
-# (kind, key) -> True once a worker swept it (its records are in RESULTS).
-_DELEGATED: dict[tuple[str, str], bool] = {}
-
-
-def _sweep_op(kind: str, op, op_deadline: float | None) -> None:
+def _sweep_op(kind: str, op) -> None:
     """Every dtype of one op for one test kind ("forward", which includes "inplace", or "grad")."""
     dtypes = _grad_dtypes(op) if kind == "grad" else _sweep_dtypes(op)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         for dtype in dtypes:
-            if _STATE["map_guard_stop"]:
-                break
-            _sweep(op, dtype, op_deadline, kind)
-
-
-def _rec_to_json(rec: dict) -> dict:
-    return {k: (dict(v) if isinstance(v, Counter) else v) for k, v in rec.items()}
+            _sweep(op, dtype, kind)
 
 
 def _rec_from_json(rec: dict) -> dict:
     return {k: (Counter(v) if k in _COUNTER_FIELDS else v) for k, v in rec.items()}
-
-
-def _worker_main(argv: list[str]) -> int:
-    """`--worker KIND IN.json OUT.json`: sweeps the keys of IN.json in order until the process
-    nears vm.max_map_count or the deadline; writes the records of the ops it finished."""
-    kind, in_path, out_path = argv
-    job = json.loads(Path(in_path).read_text())
-    deadline = time.monotonic() + job["time_left_s"] if job.get("time_left_s") else None
-    done: list[str] = []
-    for key in job["keys"]:
-        if done and ((deadline is not None and time.monotonic() > deadline) or _near_map_limit()):
-            break  # (the first op always runs, so every worker makes progress)
-        op = OPS_BY_KEY[key]
-        before = set(RESULTS)
-        per_op = time.monotonic() + job["per_op_s"] if job.get("per_op_s") else None
-        _sweep_op(kind, op, per_op)
-        if _STATE["map_guard_stop"] and done:  # truncated: the next worker redoes this op
-            for k in set(RESULTS) - before:
-                RESULTS.pop(k)
-            break
-        done.append(key)
-        if _STATE["map_guard_stop"]:
-            break
-    Path(out_path).write_text(json.dumps({
-        "done": done,
-        "records": [[list(k), _rec_to_json(r)] for k, r in RESULTS.items()],
-    }))
-    return 0
-
-
-def _delegate(kind: str, keys: list[str], time_left_s: float, per_op_s: float) -> None:
-    """Sweeps `keys` (in order, from the current one) in fresh worker processes until the current
-    key is done, and merges their records."""
-    with tempfile.TemporaryDirectory() as tmp:
-        in_path, out_path = Path(tmp, "in.json"), Path(tmp, "out.json")
-        in_path.write_text(json.dumps({"keys": keys, "time_left_s": time_left_s, "per_op_s": per_op_s}))
-        _STATE["worker_processes"] += 1
-        proc = subprocess.run([sys.executable, os.path.abspath(__file__), "--worker", kind, str(in_path),
-                               str(out_path)], capture_output=True, text=True, env=dict(os.environ))
-        if proc.returncode != 0 or not out_path.exists():
-            raise RuntimeError(f"opinfo worker failed (rc {proc.returncode}): {proc.stderr[-2000:]}")
-        res = json.loads(out_path.read_text())
-    for k, rec in res["records"]:
-        RESULTS[tuple(k)] = _rec_from_json(rec)
-    for key in res["done"]:
-        _DELEGATED[(kind, key)] = True
-
-
-def _remaining_keys(request, kind: str) -> list[str]:
-    """Keys of this session's selected tests of the same kind, from the current one on."""
-    items = request.session.items
-    fn = request.node.function
-    try:
-        i = items.index(request.node)
-    except ValueError:
-        return [_key(request.node.callspec.params["op"])]
-    return [_key(it.callspec.params["op"]) for it in items[i:]
-            if getattr(it, "function", None) is fn and hasattr(it, "callspec")]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1093,34 +975,19 @@ def _problems(key: str, kinds: tuple[str, ...]) -> tuple[int, list[str]]:
     return ran, problems
 
 
-def _run_test(request, kind: str, op) -> None:
+def _run_test(kind: str, op) -> None:
     key = _key(op)
     if key in HARD_SKIPS:
         pytest.skip(f"hard skip: {HARD_SKIPS[key]}")
-    now = time.monotonic()
     grad = kind == "grad"
     if grad and _STATE["grad_start"] is None:
-        _STATE["grad_start"] = now
-    budget, start = (GRAD_BUDGET_S, _STATE["grad_start"]) if grad else (BUDGET_S, _STATE["start"])
-    if budget and now - start > budget:
-        _STATE["grad_ops_budget_skipped" if grad else "ops_budget_skipped"] += 1
-        pytest.skip(f"default-mode {kind} budget of {budget:.0f}s spent (TORCH_TPU_CONFORMANCE=full runs all)")
+        _STATE["grad_start"] = time.monotonic()
     dtypes = _grad_dtypes(op) if grad else _sweep_dtypes(op)
     if not dtypes:
         pytest.skip("no swept dtype" + (" with autograd support" if grad else " supported on CPU"))
     _STATE["grad_ops_run" if grad else "ops_run"] += 1
-    kinds = ("grad",) if grad else ("forward", "inplace")
-    if (kind, key) not in _DELEGATED and (_STATE["map_guard_stop"] or _near_map_limit()):
-        # This process cannot compile much more: a fresh worker sweeps this op and the next ones.
-        _STATE["map_guard_stop"] = _STATE["map_guard_stop"] or f"before {kind}:{key}"
-        _delegate(kind, _remaining_keys(request, kind), budget - (now - start) if budget else 0.0, PER_OP_S)
-    elif (kind, key) not in _DELEGATED:
-        _sweep_op(kind, op, now + PER_OP_S if PER_OP_S else None)
-        if _STATE["map_guard_stop"]:  # truncated mid-op: redo it in a worker
-            for k in [k for k in RESULTS if k[1] == key and k[0] in kinds]:
-                RESULTS.pop(k)
-            _delegate(kind, _remaining_keys(request, kind), budget - (now - start) if budget else 0.0, PER_OP_S)
-    ran, problems = _problems(key, kinds)
+    _sweep_op(kind, op)
+    ran, problems = _problems(key, ("grad",) if grad else ("forward", "inplace"))
     if not ran:
         pytest.skip("the CPU reference raised for every sample (or there were none)")
     assert not problems, "\n".join(problems)
@@ -1128,15 +995,11 @@ def _run_test(request, kind: str, op) -> None:
 
 @pytest.mark.skipif("forward" not in KINDS and "inplace" not in KINDS, reason="TORCH_TPU_OPINFO_KINDS")
 @pytest.mark.parametrize("op", OPS, ids=[_key(op) for op in OPS])
-def test_opinfo(request, op):
-    _run_test(request, "forward", op)
+def test_opinfo(op):
+    _run_test("forward", op)
 
 
 @pytest.mark.skipif("grad" not in KINDS, reason="TORCH_TPU_OPINFO_KINDS")
 @pytest.mark.parametrize("op", GRAD_OPS, ids=[_key(op) for op in GRAD_OPS])
-def test_opinfo_grad(request, op):
-    _run_test(request, "grad", op)
-
-
-if __name__ == "__main__" and len(sys.argv) == 5 and sys.argv[1] == "--worker":
-    sys.exit(_worker_main(sys.argv[2:]))
+def test_opinfo_grad(op):
+    _run_test("grad", op)

@@ -8,7 +8,7 @@
 #include <string>
 
 #include "common.h"
-#include "execute.h"
+#include "plan_call.h"
 #include "runtime/context.h"
 
 namespace tpu::aten {

@@ -62,27 +62,6 @@ c10::ScalarType scalar_of(ElemType t) {
   return c10::kFloat;
 }
 
-pjrt::ElementType pjrt_of(ElemType t) {
-  switch (t) {
-    case ElemType::Pred: return pjrt::ElementType::Pred;
-    case ElemType::U8: return pjrt::ElementType::U8;
-    case ElemType::S8: return pjrt::ElementType::S8;
-    case ElemType::S16: return pjrt::ElementType::S16;
-    case ElemType::S32: return pjrt::ElementType::S32;
-    case ElemType::S64: return pjrt::ElementType::S64;
-    case ElemType::F16: return pjrt::ElementType::F16;
-    case ElemType::BF16: return pjrt::ElementType::BF16;
-    case ElemType::F32: return pjrt::ElementType::F32;
-    case ElemType::F64: return pjrt::ElementType::F64;
-    case ElemType::U16: return pjrt::ElementType::U16;
-    case ElemType::U32: return pjrt::ElementType::U32;
-    case ElemType::U64: return pjrt::ElementType::U64;
-    case ElemType::F8E4M3FN: return pjrt::ElementType::F8E4M3FN;
-    case ElemType::F8E5M2: return pjrt::ElementType::F8E5M2;
-  }
-  return pjrt::ElementType::F32;
-}
-
 runtime::StorageState& state_of(const c10::Storage& s) {
   auto* st = static_cast<runtime::StorageState*>(s.data_ptr().get_context());
   TORCH_CHECK(st != nullptr, "torch_tpu: tensor storage was not allocated by the tpu allocator");

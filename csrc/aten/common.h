@@ -14,7 +14,7 @@ constexpr c10::DeviceType kTpu = c10::DeviceType::PrivateUse1;
 shlo::ElemType elem_of(c10::ScalarType t);  // throws a clear TypeError for unsupported dtypes
 bool supported_dtype(c10::ScalarType t);
 c10::ScalarType scalar_of(shlo::ElemType t);
-pjrt::ElementType pjrt_of(shlo::ElemType t);
+using runtime::pjrt_of;
 shlo::ElemType elem_from_pjrt(pjrt::ElementType t);
 runtime::StorageState& state_of(const c10::Storage& s);
 inline runtime::StorageState& state_of(const at::Tensor& t) { return state_of(t.storage()); }

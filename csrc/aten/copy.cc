@@ -8,7 +8,7 @@
 #include <ATen/ops/empty_strided.h>
 
 #include "common.h"
-#include "execute.h"
+#include "plan_call.h"
 #include "runtime/context.h"
 
 namespace tpu::aten {

@@ -5,7 +5,7 @@
 #include <c10/util/Exception.h>
 
 #include "common.h"
-#include "execute.h"
+#include "plan_call.h"
 #include "runtime/context.h"
 #include "runtime/executor.h"
 

@@ -24,8 +24,8 @@
 #include <ATen/ops/stack.h>
 
 #include "common.h"
-#include "execute.h"
-#include "fallback.h"
+#include "plan_call.h"
+#include "cpu_fallback.h"
 
 namespace tpu::aten {
 namespace {

@@ -20,7 +20,7 @@
 
 #include "allocator.h"
 #include "common.h"
-#include "execute.h"
+#include "plan_call.h"
 #include "runtime/compile_cache.h"
 #include "runtime/context.h"
 #include "runtime/executor.h"

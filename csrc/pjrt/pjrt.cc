@@ -1,5 +1,7 @@
 #include "pjrt.h"
 
+#include <algorithm>
+
 #include <dlfcn.h>
 
 #include <mutex>
@@ -163,6 +165,29 @@ Executable::Executable(std::shared_ptr<const Api> api, PJRT_LoadedExecutable* ex
   auto n = PJRT_ARGS(PJRT_Executable_NumOutputs_Args);
   n.executable = g.executable;
   PJRT_Error* err = api_->raw()->PJRT_Executable_NumOutputs(&n);
+  if (!err && api_->raw()->PJRT_Executable_SizeOfGeneratedCodeInBytes) {
+    auto sz = PJRT_ARGS(PJRT_Executable_SizeOfGeneratedCodeInBytes_Args);
+    sz.executable = g.executable;
+    if (PJRT_Error* e = api_->raw()->PJRT_Executable_SizeOfGeneratedCodeInBytes(&sz)) {
+      auto ed = PJRT_ARGS(PJRT_Error_Destroy_Args);  // optional query: unknown size is 0
+      ed.error = e;
+      api_->raw()->PJRT_Error_Destroy(&ed);
+    } else {
+      code_bytes_ = sz.size_in_bytes;
+    }
+  }
+  if (!err && code_bytes_ <= 0 && api_->raw()->PJRT_Executable_GetCompiledMemoryStats) {
+    auto ms = PJRT_ARGS(PJRT_Executable_GetCompiledMemoryStats_Args);
+    ms.executable = g.executable;
+    if (PJRT_Error* e = api_->raw()->PJRT_Executable_GetCompiledMemoryStats(&ms)) {
+      auto ed = PJRT_ARGS(PJRT_Error_Destroy_Args);
+      ed.error = e;
+      api_->raw()->PJRT_Error_Destroy(&ed);
+    } else {
+      code_bytes_ = std::max<int64_t>(ms.generated_code_size_in_bytes, 0) +
+                    std::max<int64_t>(ms.host_generated_code_size_in_bytes, 0);
+    }
+  }
   auto d = PJRT_ARGS(PJRT_Executable_Destroy_Args);
   d.executable = g.executable;
   api_->raw()->PJRT_Executable_Destroy(&d);

@@ -92,6 +92,8 @@ class Executable {
   Executable& operator=(const Executable&) = delete;
   ~Executable();
   size_t num_outputs() const { return num_outputs_; }
+  // Size of the generated code as the plugin reports it (0 when it does not say).
+  int64_t code_bytes() const { return code_bytes_; }
   // Launches on `device`; returns as soon as PJRT accepted the launch. `done`, when given,
   // receives the completion event.
   std::vector<BufferPtr> execute(PJRT_Device* device, const std::vector<PJRT_Buffer*>& args,
@@ -103,6 +105,7 @@ class Executable {
   std::shared_ptr<const Api> api_;
   PJRT_LoadedExecutable* exe_;
   size_t num_outputs_ = 0;
+  int64_t code_bytes_ = 0;
 };
 using ExecutablePtr = std::shared_ptr<Executable>;
 

@@ -1,7 +1,11 @@
-// Launches executables. Strict eager returns once PJRT accepted the launch; debug eager
-// (TPU_LAUNCH_BLOCKING / DEFER_NEVER_AND_LAUNCH_BLOCKING) waits for each launch so errors point
-// at the op that caused them. Completion events of in-flight launches are kept so synchronize()
-// can wait for everything, and so an unbounded queue cannot build up.
+// The executors of the eager pipeline (see plan.h), and PJRT launches.
+//   strict  (DEFER_NEVER, the default): one program per op; returns once PJRT accepted the launch.
+//   debug   (DEFER_NEVER_AND_LAUNCH_BLOCKING / TPU_LAUNCH_BLOCKING): strict, but waits for each
+//           launch so a device error names the op that caused it.
+//   fused   (DEFER_AND_FUSE): records ops into one pending program, launched at sync points.
+// Compiled graphs (aten/graph.cc) launch through Executor::launch as well. Completion events of
+// in-flight launches are kept so synchronize() can wait for everything, and so an unbounded
+// queue cannot build up.
 #pragma once
 #include <deque>
 #include <memory>
@@ -10,6 +14,7 @@
 #include <vector>
 
 #include "pjrt/pjrt.h"
+#include "runtime/plan.h"
 
 namespace tpu::runtime {
 
@@ -29,5 +34,23 @@ class Executor {
   std::deque<std::unique_ptr<pjrt::Event>> inflight_;
   int64_t launches_ = 0;
 };
+
+// Runs a planned op with the executor of the current eager mode.
+void execute(const Plan& plan);
+
+// Fused eager: launches the pending program (a sync point); forgets a dying storage.
+void fused_flush();
+void fused_forget(StorageState* st);
+
+// Gives a storage that was never written a zero buffer of `numel` x `elem` (PyTorch's fresh
+// memory is uninitialized; zeros make reads deterministic). No-op when it has a buffer.
+void ensure_buffer(StorageState& st, shlo::ElemType elem, int64_t numel);
+
+// Host-side counters.
+struct DispatchStats {
+  int64_t ops = 0;         // lowered op launches (or fused records)
+  int64_t host_syncs = 0;  // device -> host reads
+};
+DispatchStats& dispatch_stats();
 
 }  // namespace tpu::runtime

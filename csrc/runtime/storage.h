@@ -10,6 +10,9 @@
 
 namespace tpu::runtime {
 
+// PJRT's element type for a StableHLO element type.
+pjrt::ElementType pjrt_of(shlo::ElemType t);
+
 struct StorageState {
   StorageState(int dev, size_t bytes) : device(dev), nbytes(bytes) {}
   int device;

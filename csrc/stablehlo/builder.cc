@@ -90,8 +90,21 @@ std::string Builder::module(const std::vector<Value>& results) const {
   for (size_t i = 0; i < results.size(); ++i) os << (i ? ", " : "") << results[i].name();
   os << ") : (";
   for (size_t i = 0; i < results.size(); ++i) os << (i ? ", " : "") << results[i].type.str();
-  os << ") -> ()\n  }\n}\n";
+  os << ") -> ()\n  }\n";
+  for (const auto& f : functions_) os << f.second << "\n";
+  os << "}\n";
   return os.str();
+}
+
+void Builder::add_functions(const std::string& key, const std::string& text) {
+  for (const auto& f : functions_)
+    if (f.first == key) return;
+  functions_.emplace_back(key, text);
+}
+
+std::vector<Value> Builder::call(const std::string& callee, const std::vector<Value>& operands,
+                                 const std::vector<Type>& results) {
+  return op_multi("func.call", operands, results, "callee = @" + callee);
 }
 
 std::vector<Value> Builder::op_multi(std::string_view name, const std::vector<Value>& operands,
@@ -107,7 +120,8 @@ std::vector<Value> Builder::op_multi(std::string_view name, const std::vector<Va
     // Multi-result ops bind a pack %vN:k; we then alias each element by name.
     b += "%r" + std::to_string(outs[0].id) + ":" + std::to_string(outs.size()) + " = ";
   }
-  b += "\"stablehlo.";
+  // Names with a dialect prefix ("func.call") are printed as given; the rest are StableHLO ops.
+  b += name.find('.') == std::string_view::npos ? "\"stablehlo." : "\"";
   b += name;
   b += "\"(";
   for (size_t i = 0; i < operands.size(); ++i) b += (i ? ", " : "") + operands[i].name();

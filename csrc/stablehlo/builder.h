@@ -48,6 +48,13 @@ class Builder {
   // Marks argument `arg_index` as donated into result `result_index` (XLA updates in place).
   void alias(int arg_index, int result_index);
   std::string module(const std::vector<Value>& results) const;
+
+  // ---- foreign functions (JAX / Pallas modules spliced into this program)
+  // Adds top-level `func.func` text (already renamed to unique, private symbols) once per key.
+  void add_functions(const std::string& key, const std::string& text);
+  // `func.call @callee(operands)` with the given result types.
+  std::vector<Value> call(const std::string& callee, const std::vector<Value>& operands,
+                          const std::vector<Type>& results);
   int num_args() const { return static_cast<int>(args_.size()); }
 
   // ---- generic op emission
@@ -156,6 +163,7 @@ class Builder {
   std::string& body() { return bodies_.back(); }
   std::vector<Value> args_;
   std::vector<std::pair<int, int>> aliases_;
+  std::vector<std::pair<std::string, std::string>> functions_;  // (key, text), printed after main
   std::vector<std::string> bodies_{std::string()};
   int next_id_ = 0;
 };

@@ -1,6 +1,6 @@
-// The one path every lowered op takes: named ATen arguments + output tensors -> a cached
-// program (prologue reads of the input views, the lowering, epilogue writes into the output
-// storages with donation) -> a PJRT launch. Eager dispatch, copies and factories all use it.
+// Step "plan" of the eager pipeline (runtime/plan.h) for ATen calls: named ATen arguments +
+// output tensors -> a runtime::Plan, run by the executor of the current eager mode. Eager
+// dispatch, copies and factories all go through run_lowering.
 #pragma once
 #include <ATen/core/Tensor.h>
 #include <ATen/core/ivalue.h>
@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "lowering/lowering.h"
+#include "runtime/executor.h"
 #include "runtime/storage.h"
 
 namespace tpu::aten {
@@ -30,18 +31,13 @@ void run_lowering(const std::string& name, const std::string& overload,
 // Makes sure the storage has a device buffer (zeros when never written) and returns it.
 void materialize(const at::Tensor& t);
 
-// Fused eager: launches the pending program (a sync point); forgets a dying storage.
-void fused_flush();
-void fused_forget(runtime::StorageState* st);
+using runtime::fused_flush;
+using runtime::fused_forget;
 
 // Copies between any pair of devices/dtypes/strides (the `copy_` semantics).
 void copy_into(const at::Tensor& dst, const at::Tensor& src);
 
-// Host-side counters.
-struct DispatchStats {
-  int64_t ops = 0;          // lowered op launches
-  int64_t host_syncs = 0;   // device -> host reads
-};
-DispatchStats& dispatch_stats();
+using runtime::dispatch_stats;
+using runtime::DispatchStats;
 
 }  // namespace tpu::aten

@@ -1,3 +1,4 @@
+// Ops without a usable lowering run on the CPU (counted, warned once); see cpu_fallback.cc.
 #pragma once
 #include <ATen/core/dispatch/Dispatcher.h>
 

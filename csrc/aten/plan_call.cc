@@ -1,4 +1,4 @@
-#include "execute.h"
+#include "plan_call.h"
 
 #include <ATen/core/List.h>
 #include <c10/core/DeviceGuard.h>
@@ -18,7 +18,7 @@
 #include "runtime/compile_cache.h"
 #include "runtime/context.h"
 #include "runtime/executor.h"
-#include "runtime/view_io.h"
+#include "runtime/plan.h"
 
 namespace tpu::aten {
 
@@ -29,46 +29,14 @@ using shlo::ElemType;
 using shlo::Type;
 using shlo::Value;
 
-DispatchStats& dispatch_stats() {
-  static DispatchStats s;
-  return s;
-}
-
 namespace {
 
-int64_t elem_bytes(ElemType t) { return t == ElemType::Pred ? 1 : shlo::bit_width(t) / 8; }
-
-struct Slot {
-  StorageState* st;
-  bool read = false;
-  bool written = false;
-  int64_t numel = 0;
-  ElemType elem = ElemType::U8;
-  int arg = -1;
-};
-
-// A value the host passes to the program each launch (Python scalars, 0-d CPU tensors, RNG
-// state): part of the arguments, never of the program text.
-struct HostOperand {
-  ElemType elem;
-  std::vector<int64_t> dims;
-  alignas(8) unsigned char bytes[16];
-};
-
-struct TensorRef {
-  int slot;
-  ViewDesc view;
-  std::vector<int64_t> logical;  // shape the lowering sees (the view's, or [numel] if flattened)
-};
-
-// Everything needed to launch, derived from the call each time (cheap), so a cache hit builds
-// no program text.
-struct Plan {
-  std::vector<Slot> slots;
-  std::vector<HostOperand> host;
-  std::string key;
-  int device = -1;
-};
+using runtime::ArgPlan;
+using runtime::elem_bytes;
+using runtime::HostOperand;
+using runtime::Plan;
+using runtime::Slot;
+using runtime::TensorRef;
 
 // A storage filled by an untyped byte copy (torch.load restores UntypedStorage bytes) holds a u8
 // buffer. The first op reading it as another width reinterprets the bytes once on the device
@@ -142,27 +110,8 @@ class Planner {
       r.view.strides = {1};
     }
     r.logical = r.view.sizes;
-    key_tensor(r);
+    runtime::key_tensor(p_.key, r, p_.slots[r.slot]);
     return r;
-  }
-
-  void key_tensor(const TensorRef& r) {
-    auto& k = p_.key;
-    k += 'T';
-    k += shlo::mlir_name(r.view.elem);
-    k += '[';
-    for (int64_t d : r.view.sizes) { k += std::to_string(d); k += ','; }
-    k += "][";
-    for (int64_t d : r.view.strides) { k += std::to_string(d); k += ','; }
-    k += "]@";
-    k += std::to_string(r.view.offset);
-    k += 's';
-    k += std::to_string(r.slot);
-    k += ':';
-    const Slot& s = p_.slots[r.slot];
-    k += std::to_string(s.numel);
-    k += shlo::mlir_name(s.elem);
-    k += ';';
   }
 
   void host_scalar(const c10::Scalar& sc) {
@@ -212,15 +161,6 @@ class Planner {
   bool flatten_;
 };
 
-// Per-argument data recorded while planning, consumed when building the program on a miss.
-struct ArgPlan {
-  const NamedArg* src;
-  Arg::Kind kind = Arg::Kind::None;
-  std::vector<std::optional<TensorRef>> refs;  // Tensor / lists
-  std::vector<int> host_index;                 // which host operand(s) feed this argument
-  std::vector<std::optional<int>> list_host;   // list entries that are host 0-d tensors
-};
-
 // bool[N] arguments (output_mask) may arrive as generic lists of bools.
 bool is_bool_list(const c10::IValue& v) {
   if (v.isBoolList()) return true;
@@ -239,12 +179,6 @@ std::vector<int64_t> int_list(const c10::IValue& v) {
   std::vector<int64_t> out;
   for (const c10::SymInt& x : v.toSymIntList()) out.push_back(x.expect_int());
   return out;
-}
-
-int64_t numel_of(const std::vector<int64_t>& sizes) {
-  int64_t n = 1;
-  for (int64_t s : sizes) n *= s;
-  return n;
 }
 
 // Human-readable signature of a call, one entry per argument, for explaining compiles.
@@ -333,231 +267,13 @@ bool is_host_scalar_tensor(const at::Tensor& t) {
   return t.device().is_cpu() && t.dim() == 0;
 }
 
-std::shared_mutex programs_mu;
-std::unordered_map<std::string, pjrt::ExecutablePtr>& programs() {
-  static auto* m = std::make_unique<std::unordered_map<std::string, pjrt::ExecutablePtr>>().release();
-  return *m;
-}
-constexpr size_t kMaxPrograms = 50000;
-
-// Host operands repeat (the same learning rate, the same `+ 1`): keep their device copies.
-// They are never donated, so sharing one buffer between launches is safe.
-pjrt::BufferPtr upload_host(const HostOperand& h, int device) {
-  static std::mutex mu;
-  static auto* cache = std::make_unique<std::unordered_map<std::string, pjrt::BufferPtr>>().release();
-  std::string key(reinterpret_cast<const char*>(h.bytes), sizeof h.bytes);
-  key += static_cast<char>(h.elem);
-  key += static_cast<char>(device);
-  key += static_cast<char>(h.dims.size());
-  {
-    std::lock_guard<std::mutex> lock(mu);
-    if (auto it = cache->find(key); it != cache->end()) return it->second;
-  }
-  auto& ctx = runtime::Context::get();
-  auto buf = ctx.client().from_host(h.bytes, pjrt_of(h.elem), h.dims, ctx.device(device));
-  std::lock_guard<std::mutex> lock(mu);
-  if (cache->size() > 4096) cache->clear();
-  cache->emplace(key, buf);
-  return buf;
-}
-
-// Emits one op into `b`: reads its tensor arguments out of the storage values `cur`, runs the
-// lowering, and writes the results back into `cur`. Shared by strict (one op per program) and
-// fused (many ops per program) execution.
-void emit_op(shlo::Builder& b, std::vector<Value>& cur, const std::vector<Value>& host_vals, const Plan& plan,
-           const std::vector<ArgPlan>& aps, const std::vector<TensorRef>& out_refs,
-           const lowering::OpEntry& entry, const std::string& name, const std::string& overload,
-           c10::ScalarType common, const std::vector<at::Tensor>& outs) {
-  auto read = [&](const TensorRef& r) {
-    Value v = runtime::read_view(b, cur[r.slot], r.view);
-    return b.reshape(v, r.logical);
-  };
-  lowering::OpCall call;
-  call.name = name;
-  call.overload = overload;
-  call.common = elem_of(common);
-  for (const auto& ap : aps) {
-    Arg a;
-    a.kind = ap.kind;
-    const c10::IValue& v = ap.src->value;
-    switch (ap.kind) {
-      case Arg::Kind::Tensor:
-        a.tensor = ap.refs.empty() ? host_vals[ap.host_index[0]] : read(*ap.refs[0]);
-        break;
-      case Arg::Kind::TensorList:
-      case Arg::Kind::OptTensorList:
-        for (size_t i = 0; i < ap.refs.size(); ++i) {
-          if (ap.refs[i]) a.tensors.push_back(read(*ap.refs[i]));
-          else if (ap.list_host[i]) a.tensors.push_back(host_vals[*ap.list_host[i]]);
-          else a.tensors.push_back(std::nullopt);
-        }
-        break;
-      case Arg::Kind::Scalar: a.scalar = host_vals[ap.host_index[0]]; break;
-      case Arg::Kind::DType: a.dtype = elem_of(static_cast<c10::ScalarType>(v.toInt())); break;
-      case Arg::Kind::Bool: a.b = v.toBool(); break;
-      case Arg::Kind::Int: a.i = v.isInt() ? v.toInt() : v.toSymInt().expect_int(); break;
-      case Arg::Kind::Double: a.d = v.toDouble(); break;
-      case Arg::Kind::IntList:
-        a.ints = int_list(v);
-        break;
-      case Arg::Kind::String: a.s = v.toStringRef(); break;
-      case Arg::Kind::None: break;
-    }
-    call.args.emplace_back(ap.src->name, std::move(a));
-  }
-  for (const auto& r : out_refs) call.outs.push_back(Type{r.view.elem, r.logical});  // undefined: empty
-  std::vector<Value> res = entry.fn(b, call);
-  TORCH_INTERNAL_ASSERT(res.size() >= outs.size(), "torch_tpu: lowering of ", name, " returned ",
-                        res.size(), " values for ", outs.size(), " outputs");
-  for (size_t i = 0; i < outs.size(); ++i) {
-    const TensorRef& r = out_refs[i];
-    if (r.slot < 0) continue;
-    Value v = b.convert(res[i], r.view.elem);
-    if (v.shape() != r.view.sizes) {
-      TORCH_INTERNAL_ASSERT(v.type.numel() == numel_of(r.view.sizes),
-                            "torch_tpu: lowering of ", name, " produced shape ", v.type.str(),
-                            " for an output of ", r.view.sizes.size(), " dims");
-      v = b.reshape(v, r.view.sizes);
-    }
-    const Slot& s = plan.slots[r.slot];
-    cur[r.slot] = runtime::write_view(b, cur[r.slot], v, r.view, s.numel, s.elem);
-  }
-}
-
-// ---------------------------------------------------------------- fused eager
-// DEFER_AND_FUSE: ops are emitted into one pending program instead of launching. Each storage
-// touched holds its *pending value*; the program is launched at sync points (host reads,
-// synchronize, data-dependent ops, direct buffer access, size limit) and its text - which
-// depends only on the recorded structure, never on scalar values - is the compile-cache key,
-// so a repeated loop body compiles once.
-struct Pending {
-  std::recursive_mutex mu;
-  std::unique_ptr<shlo::Builder> b;
-  int device = -1;
-  int ops = 0;
-  std::unordered_map<StorageState*, Value> cur;
-  std::unordered_map<StorageState*, int> arg_of;
-  std::vector<pjrt::BufferPtr> arg_bufs;  // in program-argument order
-  std::vector<StorageState*> written;     // first-write order (deterministic program text)
-};
-constexpr int kMaxFusedOps = 512;
-
-Pending& pending() {
-  static auto* p = std::make_unique<Pending>().release();
-  return *p;
-}
-
-void flush_locked(Pending& p) {
-  if (p.ops == 0) return;
-  std::vector<Value> results;
-  std::vector<StorageState*> targets;
-  for (StorageState* st : p.written) {
-    auto it = p.cur.find(st);
-    if (it == p.cur.end()) continue;  // storage died before the flush
-    if (auto a = p.arg_of.find(st); a != p.arg_of.end()) p.b->alias(a->second, static_cast<int>(results.size()));
-    results.push_back(it->second);
-    targets.push_back(st);
-  }
-  int ops = p.ops;
-  int device = p.device;
-  std::vector<pjrt::BufferPtr> bufs = std::move(p.arg_bufs);
-  std::string mlir = results.empty() ? std::string() : p.b->module(results);
-  p.b.reset();
-  p.cur.clear();
-  p.arg_of.clear();
-  p.arg_bufs.clear();
-  p.written.clear();
-  p.ops = 0;
-  p.device = -1;
-  if (results.empty()) return;
-  auto exe = runtime::CompileCache::get().get_or_compile(
-      mlir, "fused graph (" + std::to_string(ops) + " ops)", "new fused graph structure");
-  std::vector<PJRT_Buffer*> raw;
-  for (const auto& bptr : bufs) raw.push_back(bptr->raw());
-  auto outs = runtime::Executor::get().launch(*exe, device, raw, {}, "fused graph");
-  for (size_t i = 0; i < targets.size(); ++i) {
-    std::lock_guard<std::mutex> lock(targets[i]->mu);
-    targets[i]->buffer = outs[i];
-    targets[i]->elem = results[i].elem();
-  }
-}
-
-void fused_record(const Plan& plan, const std::vector<ArgPlan>& aps, const std::vector<TensorRef>& out_refs,
-                  const lowering::OpEntry& entry, const std::string& name, const std::string& overload,
-                  c10::ScalarType common, const std::vector<at::Tensor>& outs) {
-  Pending& p = pending();
-  std::lock_guard<std::recursive_mutex> lock(p.mu);
-  if (p.ops > 0 && p.device != plan.device) flush_locked(p);
-  if (!p.b) {
-    p.b = std::make_unique<shlo::Builder>();
-    p.device = plan.device;
-  }
-  shlo::Builder& b = *p.b;
-  std::vector<Value> cur(plan.slots.size());
-  for (size_t i = 0; i < plan.slots.size(); ++i) {
-    const Slot& s = plan.slots[i];
-    if (!s.read) continue;
-    if (auto it = p.cur.find(s.st); it != p.cur.end()) {
-      cur[i] = it->second;
-      continue;
-    }
-    if (!s.st->buffer) {  // never written: zeros, as in strict mode
-      std::vector<unsigned char> zeros(static_cast<size_t>(s.numel * elem_bytes(s.elem)), 0);
-      auto& ctx = runtime::Context::get();
-      s.st->buffer = ctx.client().from_host(zeros.data(), pjrt_of(s.elem), {s.numel}, ctx.device(s.st->device));
-      s.st->elem = s.elem;
-    }
-    int64_t n = static_cast<int64_t>(s.st->nbytes) / elem_bytes(s.st->elem);
-    Value v = b.arg(Type{s.st->elem, {n}});
-    p.arg_of[s.st] = b.num_args() - 1;
-    p.arg_bufs.push_back(s.st->buffer);
-    p.cur[s.st] = v;
-    cur[i] = v;
-  }
-  std::vector<Value> host_vals;
-  for (const auto& h : plan.host) {
-    p.arg_bufs.push_back(upload_host(h, plan.device));
-    host_vals.push_back(b.arg(Type{h.elem, h.dims}));
-  }
-  emit_op(b, cur, host_vals, plan, aps, out_refs, entry, name, overload, common, outs);
-  for (size_t i = 0; i < plan.slots.size(); ++i) {
-    const Slot& s = plan.slots[i];
-    if (!s.written) continue;
-    // A storage address can come back (freed, then reallocated): list each address once.
-    if (std::find(p.written.begin(), p.written.end(), s.st) == p.written.end()) p.written.push_back(s.st);
-    p.cur[s.st] = cur[i];
-  }
-  dispatch_stats().ops++;
-  if (++p.ops >= kMaxFusedOps) flush_locked(p);
-}
-
 }  // namespace
-
-void fused_flush() {
-  Pending& p = pending();
-  std::lock_guard<std::recursive_mutex> lock(p.mu);
-  flush_locked(p);
-}
-
-void fused_forget(runtime::StorageState* st) {
-  Pending& p = pending();
-  std::lock_guard<std::recursive_mutex> lock(p.mu);
-  if (p.ops == 0) return;
-  p.cur.erase(st);
-  p.arg_of.erase(st);
-}
 
 void materialize(const at::Tensor& t) {
   fused_flush();
   StorageState& st = state_of(t);
-  std::lock_guard<std::mutex> lock(st.mu);
-  if (st.buffer) return;
   ElemType e = elem_of(t.scalar_type());
-  int64_t n = static_cast<int64_t>(st.nbytes) / elem_bytes(e);
-  std::vector<unsigned char> zeros(static_cast<size_t>(n * elem_bytes(e)), 0);
-  auto& ctx = runtime::Context::get();
-  st.buffer = ctx.client().from_host(zeros.data(), pjrt_of(e), {n}, ctx.device(st.device));
-  st.elem = e;
+  runtime::ensure_buffer(st, e, static_cast<int64_t>(st.nbytes) / elem_bytes(e));
 }
 
 void run_lowering(const std::string& name, const std::string& overload,
@@ -583,14 +299,19 @@ void run_lowering(const std::string& name, const std::string& overload,
   }
 
   Plan plan;
+  plan.entry = &entry;
+  plan.name = name;
+  plan.overload = overload;
+  plan.common = elem_of(common);
+  plan.flattened = flatten;
   plan.key.reserve(256);
   plan.key += name;
   plan.key += '.';
   plan.key += overload;
   plan.key += flatten ? "|F|" : "|";
   Planner pl(plan, flatten);
-  std::vector<ArgPlan> aps;
-  aps.reserve(args.size());
+  std::vector<ArgPlan>& aps = plan.args;
+  aps.reserve(args.size() + 1);
   // Random ops reserve Philox counters for the larger of their outputs and tensor inputs
   // (multinomial draws one number per category), one 128-bit block (4 x u32 = 2 x u64) per
   // element: enough for two 32-bit uniforms (Box-Muller) or 64-bit draws, so consecutive ops
@@ -618,10 +339,12 @@ void run_lowering(const std::string& name, const std::string& overload,
 
   for (const NamedArg* ap_src : all_args) {
     const NamedArg& a = *ap_src;
-    ArgPlan ap{&a};
+    ArgPlan ap;
+    ap.name = a.name;
+    Arg& av = ap.value;
     const c10::IValue& v = a.value;
     if (a.hint == NamedArg::Hint::Ignore) {
-      ap.kind = Arg::Kind::None;
+      av.kind = Arg::Kind::None;
     } else if (a.hint == NamedArg::Hint::Generator) {
       c10::optional<at::Generator> g;
       if (v.isGenerator()) g = v.toGenerator();
@@ -634,22 +357,22 @@ void run_lowering(const std::string& name, const std::string& overload,
       auto* impl = gen.get<TpuGenerator>();
       std::lock_guard<std::mutex> lock(gen.mutex());
       auto [seed, offset] = impl->next(static_cast<uint64_t>(rng_numel + 1));
-      ap.kind = Arg::Kind::Tensor;
+      av.kind = Arg::Kind::Tensor;
       ap.host_index.push_back(static_cast<int>(plan.host.size()));
       pl.host_rng(seed, offset);
     } else if (v.isNone()) {
-      ap.kind = Arg::Kind::None;
+      av.kind = Arg::Kind::None;
       plan.key += "N;";
     } else if (v.isTensor()) {
       const at::Tensor& t = v.toTensor();
       if (!t.defined()) {
-        ap.kind = Arg::Kind::None;
+        av.kind = Arg::Kind::None;
         plan.key += "N;";
       } else if (t.device().type() == kTpu) {
-        ap.kind = Arg::Kind::Tensor;
+        av.kind = Arg::Kind::Tensor;
         ap.refs.push_back(pl.ref(t));
       } else if (is_host_scalar_tensor(t)) {
-        ap.kind = Arg::Kind::Tensor;
+        av.kind = Arg::Kind::Tensor;
         ap.host_index.push_back(static_cast<int>(plan.host.size()));
         pl.host_tensor(t);
       } else {
@@ -658,7 +381,7 @@ void run_lowering(const std::string& name, const std::string& overload,
                     "devices, tpu:", dev, " and ", t.device().str(), "!");
       }
     } else if (v.isTensorList() || (v.isList() && !v.isIntList() && !v.isDoubleList() && !is_bool_list(v))) {
-      ap.kind = v.isTensorList() ? Arg::Kind::TensorList : Arg::Kind::OptTensorList;
+      av.kind = v.isTensorList() ? Arg::Kind::TensorList : Arg::Kind::OptTensorList;
       plan.key += "L[";
       auto add_one = [&](const at::Tensor& t) {
         if (!t.defined()) {
@@ -684,32 +407,38 @@ void run_lowering(const std::string& name, const std::string& overload,
       }
       plan.key += "];";
     } else if (a.hint == NamedArg::Hint::Scalar || v.isScalar() && a.hint == NamedArg::Hint::Scalar) {
-      ap.kind = Arg::Kind::Scalar;
+      av.kind = Arg::Kind::Scalar;
       ap.host_index.push_back(static_cast<int>(plan.host.size()));
       pl.host_scalar(v.toScalar());
     } else if (a.hint == NamedArg::Hint::DType) {
-      ap.kind = Arg::Kind::DType;
+      av.kind = Arg::Kind::DType;
+      av.dtype = elem_of(static_cast<c10::ScalarType>(v.toInt()));
       plan.key += "D" + std::to_string(v.toInt()) + ";";
     } else if (v.isBool()) {
-      ap.kind = Arg::Kind::Bool;
-      plan.key += v.toBool() ? "b1;" : "b0;";
+      av.kind = Arg::Kind::Bool;
+      av.b = v.toBool();
+      plan.key += av.b ? "b1;" : "b0;";
     } else if (v.isInt() || v.isSymInt()) {
-      ap.kind = Arg::Kind::Int;
-      plan.key += "i" + std::to_string(v.isInt() ? v.toInt() : v.toSymInt().expect_int()) + ";";
+      av.kind = Arg::Kind::Int;
+      av.i = v.isInt() ? v.toInt() : v.toSymInt().expect_int();
+      plan.key += "i" + std::to_string(av.i) + ";";
     } else if (v.isDouble()) {
-      ap.kind = Arg::Kind::Double;
-      plan.key += "d" + std::to_string(v.toDouble()) + ";";
+      av.kind = Arg::Kind::Double;
+      av.d = v.toDouble();
+      plan.key += "d" + std::to_string(av.d) + ";";
     } else if (v.isIntList() || v.isSymIntList() || is_bool_list(v)) {
-      ap.kind = Arg::Kind::IntList;
+      av.kind = Arg::Kind::IntList;
+      av.ints = int_list(v);
       plan.key += "l";
-      for (int64_t x : int_list(v))
+      for (int64_t x : av.ints)
         plan.key += std::to_string(x) + ",";
       plan.key += ";";
     } else if (v.isString()) {
-      ap.kind = Arg::Kind::String;
-      plan.key += "s" + v.toStringRef() + ";";
+      av.kind = Arg::Kind::String;
+      av.s = v.toStringRef();
+      plan.key += "s" + av.s + ";";
     } else if (v.isDevice()) {
-      ap.kind = Arg::Kind::None;
+      av.kind = Arg::Kind::None;
     } else {
       throw lowering::Unsupported("argument '" + a.name + "' of type " + v.tagKind() +
                                   " is not supported by the tpu lowering");
@@ -718,7 +447,7 @@ void run_lowering(const std::string& name, const std::string& overload,
   }
 
   // Outputs: written slots; a partial write must read the old storage first.
-  std::vector<TensorRef> out_refs;
+  std::vector<TensorRef>& out_refs = plan.outs;
   plan.key += "->";
   for (const auto& o : outs) {
     if (!o.defined()) {  // an output the caller did not ask for
@@ -746,74 +475,10 @@ void run_lowering(const std::string& name, const std::string& overload,
     plan.key += s.written ? 'w' : '-';
   }
 
-  if (runtime::Context::get().mode() == runtime::EagerMode::DeferAndFuse) {
-    fused_record(plan, aps, out_refs, entry, name, overload, common, outs);
-    return;
-  }
-
-  // Storages read for the first time hold "uninitialized" memory: give them zeros.
-  for (const auto& s : plan.slots) {
-    if (s.read && !s.st->buffer) {
-      std::lock_guard<std::mutex> lock(s.st->mu);
-      if (!s.st->buffer) {
-        std::vector<unsigned char> zeros(static_cast<size_t>(s.numel * elem_bytes(s.elem)), 0);
-        auto& ctx = runtime::Context::get();
-        s.st->buffer = ctx.client().from_host(zeros.data(), pjrt_of(s.elem), {s.numel}, ctx.device(s.st->device));
-        s.st->elem = s.elem;
-      }
-    }
-  }
-
-  pjrt::ExecutablePtr exe;
-  {
-    std::shared_lock<std::shared_mutex> lock(programs_mu);
-    auto it = programs().find(plan.key);
-    if (it != programs().end()) exe = it->second;
-  }
-  if (exe) {
-    runtime::CompileCache::get().count_op_hit();
-  } else {
-    shlo::Builder b;
-    std::vector<Value> cur(plan.slots.size());
-    for (size_t i = 0; i < plan.slots.size(); ++i)
-      if (plan.slots[i].read) cur[i] = b.arg(Type{plan.slots[i].elem, {plan.slots[i].numel}});
-    std::vector<Value> host_vals;
-    for (const auto& h : plan.host) host_vals.push_back(b.arg(Type{h.elem, h.dims}));
-    emit_op(b, cur, host_vals, plan, aps, out_refs, entry, name, overload, common, outs);
-    std::vector<Value> results;
-    for (size_t i = 0; i < plan.slots.size(); ++i) {
-      if (!plan.slots[i].written) continue;
-      if (plan.slots[i].read) b.alias(plan.slots[i].arg, static_cast<int>(results.size()));
-      results.push_back(cur[i]);
-    }
-    std::string mlir = b.module(results);
-    std::string op_name = "aten::" + name + (overload.empty() ? "" : "." + overload);
-    exe = runtime::CompileCache::get().get_or_compile(
-        mlir, op_name, compile_reason(op_name, describe_call(all_args, outs), flatten));
-    std::unique_lock<std::shared_mutex> lock(programs_mu);
-    if (programs().size() >= kMaxPrograms) programs().clear();
-    programs().emplace(plan.key, exe);
-  }
-
-  // Launch.
-  std::vector<pjrt::BufferPtr> keep;  // host operand buffers live until the launch is queued
-  std::vector<PJRT_Buffer*> arg_bufs;
-  for (const auto& s : plan.slots)
-    if (s.read) arg_bufs.push_back(s.st->buffer->raw());
-  for (const auto& h : plan.host) {
-    keep.push_back(upload_host(h, plan.device));
-    arg_bufs.push_back(keep.back()->raw());
-  }
-  auto results = runtime::Executor::get().launch(*exe, plan.device, arg_bufs, {},
-                                                 "aten::" + name + "." + overload);
-  size_t ri = 0;
-  for (auto& s : plan.slots) {
-    if (!s.written) continue;
-    std::lock_guard<std::mutex> lock(s.st->mu);
-    s.st->buffer = results[ri++];
-    s.st->elem = s.elem;
-  }
-  dispatch_stats().ops++;
+  plan.miss_reason = [&] {
+    return compile_reason(plan.what(), describe_call(all_args, outs), flatten);
+  };
+  runtime::execute(plan);
 }
 
 }  // namespace tpu::aten

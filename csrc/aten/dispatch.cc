@@ -1,7 +1,7 @@
 // The boxed PrivateUse1 kernel every ATen op without an explicit tpu kernel reaches. It asks
-// PyTorch's meta function for output metadata, allocates (or resizes) the outputs, and runs the
-// op's lowering; ops without a lowering run on the CPU (counted, warned once per op, or an
-// error under TORCH_TPU_FALLBACK=error).
+// PyTorch's meta function for output metadata (cached by call signature), allocates (or
+// resizes) the outputs, computes PyTorch's result type, and hands the call to run_lowering
+// (aten/plan_call.cc). Ops without a lowering go to the CPU fallback (aten/cpu_fallback.cc).
 #include <ATen/core/Tensor.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/native/CPUFallback.h>
@@ -22,32 +22,13 @@
 #include <ATen/ops/scalar_tensor.h>
 
 #include "common.h"
+#include "plan_call.h"
+#include "cpu_fallback.h"
 #include "cuda_compat.h"
-#include "execute.h"
-#include "fallback.h"
 
 namespace tpu::aten {
 
 namespace {
-
-std::mutex stats_mu;
-std::map<std::string, int64_t>& fallback_counts() {
-  static auto* m = std::make_unique<std::map<std::string, int64_t>>().release();
-  return *m;
-}
-std::map<std::string, std::string>& fallback_reasons() {
-  static auto* m = std::make_unique<std::map<std::string, std::string>>().release();
-  return *m;
-}
-std::set<std::string>& warned() {
-  static auto* s = std::make_unique<std::set<std::string>>().release();
-  return *s;
-}
-
-bool fallback_is_error() {
-  const char* v = std::getenv("TORCH_TPU_FALLBACK");
-  return v && std::string(v) == "error";
-}
 
 NamedArg::Hint hint_of(const c10::TypePtr& type) {
   c10::TypePtr t = type;
@@ -285,8 +266,9 @@ bool run_lowered(const c10::OperatorHandle& op, const lowering::OpEntry& entry,
   const auto& rets = schema.returns();
   // An op returning one bool (equal) is lowered to a 0-d bool tensor and read back on the host.
   const bool bool_result = rets.size() == 1 && rets[0].type()->kind() == c10::TypeKind::BoolType;
-  // Out-of-place foreach ops return one fresh tensor per list element.
-  const bool list_result = is_foreach(base) && rets.size() == 1 && rets[0].type()->kind() == c10::TypeKind::ListType;
+  // So do out-of-place foreach ops and jax_call (a foreign kernel's results).
+  const bool list_result = (is_foreach(base) || base == "jax_call") && rets.size() == 1 &&
+                           rets[0].type()->kind() == c10::TypeKind::ListType;
   for (const auto& r : rets) {
     if (bool_result || list_result) break;
     if (r.type()->kind() != c10::TypeKind::TensorType && !is_int_return(r)) {
@@ -501,44 +483,6 @@ bool run_lowered(const c10::OperatorHandle& op, const lowering::OpEntry& entry,
 }
 
 }  // namespace
-
-void cpu_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack, const std::string& why) {
-  const auto& on = op.schema().operator_name();
-  std::string name = on.name + (on.overload_name.empty() ? "" : "." + on.overload_name);
-  if (fallback_is_error()) {
-    TORCH_CHECK_NOT_IMPLEMENTED(false, "torch_tpu: '", name, "' has no tpu lowering (", why,
-                                ") and TORCH_TPU_FALLBACK=error forbids running it on the CPU. "
-                                "Unset TORCH_TPU_FALLBACK to allow the CPU fallback.");
-  }
-  bool warn = false;
-  {
-    std::lock_guard<std::mutex> lock(stats_mu);
-    fallback_counts()[name]++;
-    fallback_reasons()[name] = why;
-    warn = warned().insert(name).second;
-  }
-  if (warn) {
-    TORCH_WARN("torch_tpu: '", name, "' runs on the CPU (", why,
-               "); results are correct but each call copies its tensors to the host and back.");
-  }
-  at::native::cpu_fallback(op, stack, false);
-}
-
-std::map<std::string, int64_t> fallback_stats() {
-  std::lock_guard<std::mutex> lock(stats_mu);
-  return fallback_counts();
-}
-
-std::map<std::string, std::string> fallback_why() {
-  std::lock_guard<std::mutex> lock(stats_mu);
-  return fallback_reasons();
-}
-
-void reset_fallback_stats() {
-  std::lock_guard<std::mutex> lock(stats_mu);
-  fallback_counts().clear();
-  fallback_reasons().clear();
-}
 
 namespace {
 // Ops whose output shape depends on the data: they read their inputs back to the host (one

@@ -1,0 +1,93 @@
+// The eager pipeline as plain values: plan -> key -> build -> launch.
+//
+//   plan    (aten/plan_call.cc)  an ATen call becomes a Plan: the storages it reads and writes,
+//                                the host operands it passes (Python scalars, 0-d CPU tensors,
+//                                RNG state), how each lowering argument is fed, and its key;
+//   key     Plan::key            the signature: equal keys mean the same program text;
+//   build   build_program()      only on a key miss: prologue reads of the input views, the
+//                                lowering, epilogue writes into the output storages;
+//   launch  runtime/executor.h   strict and debug eager launch one program per op, fused eager
+//                                records the op into one pending program instead.
+// Nothing here knows ATen: plans hold storages, views and lowering arguments only.
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "lowering/lowering.h"
+#include "runtime/storage.h"
+#include "runtime/view_io.h"
+
+namespace tpu::runtime {
+
+inline int64_t elem_bytes(shlo::ElemType t) {
+  return t == shlo::ElemType::Pred ? 1 : shlo::bit_width(t) / 8;
+}
+
+// One storage the op touches; `arg` is its program-argument index when read.
+struct Slot {
+  StorageState* st = nullptr;
+  bool read = false;
+  bool written = false;
+  int64_t numel = 0;
+  shlo::ElemType elem = shlo::ElemType::U8;
+  int arg = -1;
+};
+
+// A value the host passes to the program each launch: part of the arguments, never of the text.
+struct HostOperand {
+  shlo::ElemType elem;
+  std::vector<int64_t> dims;
+  alignas(8) unsigned char bytes[16];
+};
+
+// A tensor argument or output: a view of one slot.
+struct TensorRef {
+  int slot = -1;  // -1: an output the caller did not ask for
+  ViewDesc view;
+  std::vector<int64_t> logical;  // shape the lowering sees (the view's, or [numel] if flattened)
+};
+
+// How one lowering argument is fed: tensors from views or host operands, scalars from host
+// operands, everything else a constant already converted into `value` (part of the key).
+struct ArgPlan {
+  std::string name;
+  lowering::Arg value;  // kind, and the constant for DType/Bool/Int/Double/IntList/String
+  std::vector<std::optional<TensorRef>> refs;  // Tensor / lists: device views
+  std::vector<int> host_index;                 // Tensor / Scalar fed by a host operand
+  std::vector<std::optional<int>> list_host;   // list entries that are host 0-d tensors
+};
+
+struct Plan {
+  const lowering::OpEntry* entry = nullptr;
+  std::string name, overload;  // base name and overload: the lowering's OpCall
+  shlo::ElemType common = shlo::ElemType::F32;
+  bool flattened = false;  // pointwise over contiguous operands: keyed by element count
+  int device = -1;
+  std::vector<Slot> slots;
+  std::vector<HostOperand> host;
+  std::vector<ArgPlan> args;
+  std::vector<TensorRef> outs;
+  std::string key;
+  // Why a key missed (for explain()); called only on a miss, so a hit formats nothing.
+  std::function<std::string()> miss_reason;
+
+  std::string what() const { return "aten::" + name + (overload.empty() ? "" : "." + overload); }
+};
+
+// Key fragments, appended while planning.
+void key_tensor(std::string& key, const TensorRef& r, const Slot& s);
+
+// Emits one op into `b`: reads its tensor arguments out of the storage values `cur`, runs the
+// lowering, and writes the results back into `cur`. Strict builds one op per program, fused
+// eager appends many ops to one program.
+void emit_op(shlo::Builder& b, std::vector<shlo::Value>& cur, const std::vector<shlo::Value>& host_vals,
+             const Plan& plan);
+
+// The whole program of a strict launch: arguments = read slots then host operands; results =
+// written slots (donated when also read).
+std::string build_program(const Plan& plan);
+
+}  // namespace tpu::runtime
