@@ -11,7 +11,7 @@
 #include <mutex>
 
 #include "common.h"
-#include "execute.h"
+#include "plan_call.h"
 #include "lowering/jax_call.h"
 
 namespace tpu::aten {
