@@ -10,6 +10,7 @@
 #include "common.h"
 #include "plan_call.h"
 #include "runtime/context.h"
+#include "runtime/device_checks.h"
 
 namespace tpu::aten {
 
@@ -30,8 +31,19 @@ void device_copy(const at::Tensor& dst, const at::Tensor& src) {
   run_lowering("copy", "", *e, {{"src", src}}, {dst}, src.scalar_type());
 }
 
+// A host read raises the first failed device-side check, as the exception type of PyTorch's CPU
+// kernel (IndexError or RuntimeError).
+void raise_device_errors() {
+  try {
+    runtime::check_device_errors();
+  } catch (const runtime::DeviceCheckError& e) {
+    throw_device_check(e.kind, e.what());
+  }
+}
+
 // Contiguous host copy of a tpu tensor (same dtype).
 at::Tensor to_host(const at::Tensor& src) {
+  raise_device_errors();
   runtime::StorageState& st = state_of(src);
   at::Tensor host = at::empty(src.sizes(), src.options().device(c10::kCPU));
   if (src.numel() == 0) return host;
@@ -81,6 +93,11 @@ at::Tensor from_host(const at::Tensor& host_in, int device) {
 }
 
 }  // namespace
+
+void throw_device_check(int kind, const char* msg) {
+  if (kind == 1) TORCH_CHECK_INDEX(false, msg);
+  TORCH_CHECK(false, msg);
+}
 
 void copy_into(const at::Tensor& dst, const at::Tensor& src) {
   TORCH_CHECK(dst.defined() && src.defined(), "copy_: undefined tensor");

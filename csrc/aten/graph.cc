@@ -19,6 +19,7 @@
 #include "lowering/lowering.h"
 #include "runtime/compile_cache.h"
 #include "runtime/context.h"
+#include "runtime/device_checks.h"
 #include "runtime/executor.h"
 #include "runtime/view_io.h"
 
@@ -35,6 +36,7 @@ struct Graph {
   pjrt::ExecutablePtr exe;
   GraphDesc desc;
   std::vector<int64_t> out_numel;  // storage elements of each output buffer
+  std::vector<runtime::CheckSource> checks;  // device-side checks: the last result is their status
 };
 
 std::mutex graphs_mu;
@@ -97,7 +99,8 @@ std::vector<std::string> unsupported_ops(const GraphDesc& desc) {
 namespace {
 
 // The program text; `out_numel` gets the storage elements of each output buffer.
-std::string graph_module(const GraphDesc& desc, std::vector<int64_t>& out_numel) {
+std::string graph_module(const GraphDesc& desc, std::vector<int64_t>& out_numel,
+                         std::vector<runtime::CheckSource>* checks = nullptr) {
   shlo::Builder b;
   std::unordered_map<int64_t, Value> vals;
   for (size_t i = 0; i < desc.inputs.size(); ++i)
@@ -147,7 +150,12 @@ std::string graph_module(const GraphDesc& desc, std::vector<int64_t>& out_numel)
       for (const Type& t : call.outs) res.push_back(b.zeros(t));
     } else {
       try {
+        size_t ncodes = b.error_codes().size();
+        b.set_checking(checks && !desc.plain_outputs && entry->checked && runtime::device_checks());
         res = entry->fn(b, call);
+        b.set_checking(false);
+        for (size_t k = ncodes; k < b.error_codes().size(); ++k)
+          checks->push_back({b.error_codes()[k], "aten::" + node.op + " in graph " + desc.name, ""});
       } catch (const lowering::Unsupported& e) {
         // The Python backend parses "graph node <i>" and runs that node outside the compiled pieces.
         throw lowering::Unsupported("torch_tpu: graph node " + std::to_string(node_index) +
@@ -187,6 +195,7 @@ std::string graph_module(const GraphDesc& desc, std::vector<int64_t>& out_numel)
     b.alias(static_cast<int>(input), static_cast<int>(results.size()));
     results.push_back(v);
   }
+  if (b.has_errors()) results.push_back(b.error_status());  // last result
   return b.module(results);
 }
 
@@ -200,7 +209,7 @@ std::string graph_text(const GraphDesc& desc) {
 int64_t build_graph(const GraphDesc& desc) {
   auto g = std::make_shared<Graph>();
   g->desc = desc;
-  std::string mlir = graph_module(desc, g->out_numel);
+  std::string mlir = graph_module(desc, g->out_numel, &g->checks);
   std::string why = "new graph, inputs (";
   for (size_t i = 0; i < desc.inputs.size(); ++i) {
     why += (i ? ", " : "") + std::string(shlo::mlir_name(elem_of(static_cast<c10::ScalarType>(desc.inputs[i].dtype)))) + "[";
@@ -327,6 +336,16 @@ std::vector<at::Tensor> run_graph(int64_t id, at::TensorList given) {
     ts.elem = e;
     copy_into(t, tmp);
     fused_flush();
+  }
+  if (!g->checks.empty()) {
+    std::vector<runtime::CheckSource> sources = g->checks;
+    std::string site = runtime::check_sources({0}, "")[0].site;  // the line calling the compiled code
+    for (auto& s : sources) s.site = site;
+    try {
+      runtime::add_error_status(results.back(), std::move(sources));
+    } catch (const runtime::DeviceCheckError& e) {  // debug eager raises at the launch
+      throw_device_check(e.kind, e.what());
+    }
   }
   dispatch_stats().ops++;
   return outs;

@@ -17,6 +17,7 @@
 #include "generator.h"
 #include "runtime/compile_cache.h"
 #include "runtime/context.h"
+#include "runtime/device_checks.h"
 #include "runtime/executor.h"
 #include "runtime/plan.h"
 
@@ -478,7 +479,11 @@ void run_lowering(const std::string& name, const std::string& overload,
   plan.miss_reason = [&] {
     return compile_reason(plan.what(), describe_call(all_args, outs), flatten);
   };
-  runtime::execute(plan);
+  try {
+    runtime::execute(plan);
+  } catch (const runtime::DeviceCheckError& e) {  // debug eager raises at the op
+    throw_device_check(e.kind, e.what());
+  }
 }
 
 }  // namespace tpu::aten

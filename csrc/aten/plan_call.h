@@ -36,6 +36,9 @@ using runtime::fused_forget;
 
 // Copies between any pair of devices/dtypes/strides (the `copy_` semantics).
 void copy_into(const at::Tensor& dst, const at::Tensor& src);
+// A failed device-side check (runtime/device_checks.h; kind 1 = index) as the exception type of
+// PyTorch's CPU kernel: c10::IndexError or c10::Error.
+[[noreturn]] void throw_device_check(int kind, const char* msg);
 
 using runtime::dispatch_stats;
 using runtime::DispatchStats;

@@ -1,8 +1,9 @@
 // Indexing ops that produce new tensors: gather/scatter families, advanced indexing
 // (index.Tensor / index_put), index_* along a dim, masked_fill/masked_scatter, take/put,
 // embedding. All index math is done in s64; negative indices are wrapped where PyTorch allows
-// them (and harmlessly elsewhere: PyTorch raises on them). Out-of-range indices cannot raise
-// here: gather clamps and scatter drops them.
+// them. Out-of-range indices (negative ones where PyTorch rejects them) raise through
+// device-side checks (lowering.h check()) with the exception type and text of the CPU kernel;
+// with checks off, gather clamps and scatter drops them.
 #include <algorithm>
 #include <functional>
 #include <numeric>
@@ -26,9 +27,24 @@ int64_t numel(const Shape& s) {
   return n;
 }
 
-// idx as s64 with negative entries wrapped by `size`.
-Value wrap_index(Builder& b, Value idx, int64_t size) {
+// The CPU kernel's range rule for an index argument: empty `msg` = unchecked.
+struct Bound {
+  bool neg_ok = true;  // [-size, size) instead of [0, size)
+  CheckKind kind = CheckKind::Index;
+  std::string msg;
+};
+std::string oob(int64_t dim, int64_t size, const std::string& prefix = "") {
+  return prefix + "index out of bounds for dimension " + std::to_string(dim) + " with size " + std::to_string(size);
+}
+
+// idx as s64 with negative entries wrapped by `size`; checked against `bound`.
+Value wrap_index(Builder& b, Value idx, int64_t size, const Bound& bound = {}) {
   idx = b.convert(idx, I64);
+  if (!bound.msg.empty() && b.checking()) {
+    Value lo = b.constant_i(bound.neg_ok ? -size : 0, I64, idx.shape());
+    Value hi = b.constant_i(size, I64, idx.shape());
+    check(b, b.or_(b.compare(Cmp::LT, idx, lo), b.compare(Cmp::GE, idx, hi)), bound.kind, bound.msg);
+  }
   Value zero = b.constant_i(0, I64, idx.shape());
   Value sz = b.constant_i(size, I64, idx.shape());
   return b.select(b.compare(Cmp::LT, idx, zero), b.add(idx, sz), idx);
@@ -48,7 +64,8 @@ Value dim_coords(Builder& b, Value index, int64_t dim, int64_t dim_size) {
   Type it{I64, index.shape()};
   std::vector<Value> parts;
   for (int64_t d = 0; d < r; ++d) {
-    Value comp = d == dim ? wrap_index(b, index, dim_size) : b.iota(it, d);
+    Value comp = d == dim ? wrap_index(b, index, dim_size, {false, CheckKind::Runtime, oob(dim, dim_size)})
+                          : b.iota(it, d);
     parts.push_back(with_vector_dim(b, comp));
   }
   return b.concatenate(parts, r);
@@ -185,7 +202,8 @@ AdvIndex adv_index(Builder& b, const Arg& indices, const Shape& self_shape) {
   std::vector<Value> parts;
   for (size_t k = 0; k < idx.size(); ++k) {
     Value v = b.broadcast_to(b.convert(idx[k], I64), a.bshape);
-    parts.push_back(with_vector_dim(b, wrap_index(b, v, self_shape[a.adv[k]])));
+    int64_t dk = a.adv[k];
+    parts.push_back(with_vector_dim(b, wrap_index(b, v, self_shape[dk], {true, CheckKind::Index, oob(dk, self_shape[dk])})));
   }
   a.coords = b.concatenate(parts, nb);
   bool adjacent = a.adv.back() - a.adv.front() + 1 == static_cast<int64_t>(a.adv.size());
@@ -321,20 +339,20 @@ Value prefix_sum_1d(Builder& b, Value x) {
 }
 
 // Gathers rows of `table` along dim 0 at `idx` (any shape): result idx.shape + table.shape[1:].
-Value take_rows(Builder& b, Value table, Value idx) {
+Value take_rows(Builder& b, Value table, Value idx, const Bound& bound = {}) {
   int64_t ir = idx.rank();
   Shape slice_sizes = table.shape();
   slice_sizes[0] = 1;
   Shape result = idx.shape();
   for (int64_t d = 1; d < table.rank(); ++d) result.push_back(table.shape()[d]);
-  Value coords = with_vector_dim(b, wrap_index(b, idx, table.shape()[0]));
+  Value coords = with_vector_dim(b, wrap_index(b, idx, table.shape()[0], bound));
   return b.gather(table, coords, range(table.rank() - 1, ir), {0}, {0}, ir, slice_sizes, result);
 }
 
 }  // namespace
 
 // ---------------------------------------------------------------- index_select / gather
-TPU_LOWER(index_select) {
+TPU_LOWER_CHECKED(index_select) {
   Value self = c.tensor("self");
   Value index = c.tensor("index");
   const Type& o = out_type(c);
@@ -350,11 +368,12 @@ TPU_LOWER(index_select) {
   std::vector<int64_t> offset_dims;
   for (int64_t d = 0; d < self.rank(); ++d)
     if (d != dim) offset_dims.push_back(d);
-  Value coords = with_vector_dim(b, wrap_index(b, index, self.shape()[dim]));
+  Value coords =
+      with_vector_dim(b, wrap_index(b, index, self.shape()[dim], {false, CheckKind::Index, "index out of range in self"}));
   return {b.gather(self, coords, offset_dims, {dim}, {dim}, 1, slice_sizes, result)};
 }
 
-TPU_LOWER(gather) {
+TPU_LOWER_CHECKED(gather) {
   Value self = c.tensor("self");
   Value index = c.tensor("index");
   const Type& o = out_type(c);
@@ -369,7 +388,7 @@ TPU_LOWER(gather) {
 }
 
 // ---------------------------------------------------------------- scatter family
-TPU_LOWER(scatter) {
+TPU_LOWER_CHECKED(scatter) {
   Value self = c.tensor("self");
   Value index = c.tensor("index");
   int64_t dim = norm_dim(c.int_("dim"), self.rank());
@@ -377,7 +396,7 @@ TPU_LOWER(scatter) {
   return {scatter_along(b, self, dim, index, upd, combine_for(c.str("reduce"), "scatter"))};
 }
 
-TPU_LOWER(scatter_add) {
+TPU_LOWER_CHECKED(scatter_add) {
   Value self = c.tensor("self");
   Value index = c.tensor("index");
   int64_t dim = norm_dim(c.int_("dim"), self.rank());
@@ -385,7 +404,7 @@ TPU_LOWER(scatter_add) {
   return {scatter_along(b, self, dim, index, upd, "add")};
 }
 
-TPU_LOWER(scatter_reduce) {
+TPU_LOWER_CHECKED(scatter_reduce) {
   Value self = c.tensor("self");
   Value index = c.tensor("index");
   ElemType t = self.elem();
@@ -427,7 +446,7 @@ TPU_LOWER(scatter_reduce) {
 }
 
 // ---------------------------------------------------------------- advanced indexing
-TPU_LOWER(index) {
+TPU_LOWER_CHECKED(index) {
   Value self = c.tensor("self");
   const Type& o = out_type(c);
   AdvIndex a = adv_index(b, c.arg("indices"), self.shape());
@@ -436,15 +455,15 @@ TPU_LOWER(index) {
   return {index_gather(b, self, a)};
 }
 
-TPU_LOWER(index_put) { return lower_index_put_common(b, c); }
-TPU_LOWER(_index_put_impl) { return lower_index_put_common(b, c); }
+TPU_LOWER_CHECKED(index_put) { return lower_index_put_common(b, c); }
+TPU_LOWER_CHECKED(_index_put_impl) { return lower_index_put_common(b, c); }
 
 // ---------------------------------------------------------------- index_* along a dim
 namespace {
 // self.index_*_(dim, index, source) as a scatter along dim; `source` has self's shape except
 // size len(index) at `dim`.
 Value index_scatter(Builder& b, Value self, int64_t dim, Value index, Value source,
-                    const std::string& combine) {
+                    const std::string& combine, CheckKind kind, const std::string& prefix) {
   int64_t n = index.type.numel();
   if (n == 0) return self;
   Shape self_shape = self.shape();
@@ -460,13 +479,14 @@ Value index_scatter(Builder& b, Value self, int64_t dim, Value index, Value sour
   std::vector<int64_t> window;
   for (int64_t d = 0; d < self.rank(); ++d)
     if (d != dim) window.push_back(d);
-  Value coords = with_vector_dim(b, wrap_index(b, index, self.shape()[dim]));
+  int64_t size = self.shape()[dim];
+  Value coords = with_vector_dim(b, wrap_index(b, index, size, {false, kind, oob(dim, size, prefix)}));
   Value out = b.scatter(self, coords, source, window, {dim}, {dim}, 1, combine);
   return b.reshape(out, self_shape);
 }
 }  // namespace
 
-TPU_LOWER(index_add) {
+TPU_LOWER_CHECKED(index_add) {
   Value self = c.tensor("self");
   ElemType t = self.elem();
   int64_t dim = norm_dim(c.int_("dim"), self.rank());
@@ -483,17 +503,17 @@ TPU_LOWER(index_add) {
     src = s;
   }
   src = b.convert(src, t);
-  return {index_scatter(b, self, dim, c.tensor("index"), src, "add")};
+  return {index_scatter(b, self, dim, c.tensor("index"), src, "add", CheckKind::Runtime, "")};
 }
 
-TPU_LOWER(index_copy) {
+TPU_LOWER_CHECKED(index_copy) {
   Value self = c.tensor("self");
   int64_t dim = norm_dim(c.int_("dim"), self.rank());
   Value src = b.convert(c.tensor("source"), self.elem());
-  return {index_scatter(b, self, dim, c.tensor("index"), src, "")};
+  return {index_scatter(b, self, dim, c.tensor("index"), src, "", CheckKind::Index, "index_copy_(): ")};
 }
 
-TPU_LOWER(index_fill) {
+TPU_LOWER_CHECKED(index_fill) {
   // Mask over positions along `dim` (no scatter: duplicates are harmless).
   Value self = c.tensor("self");
   Value index = c.tensor("index");
@@ -505,7 +525,7 @@ TPU_LOWER(index_fill) {
   }
   int64_t dim = norm_dim(c.int_("dim"), self.rank());
   int64_t size = self.shape()[dim];
-  Value idx = wrap_index(b, b.reshape(index, {n}), size);
+  Value idx = wrap_index(b, b.reshape(index, {n}), size, {true, CheckKind::Index, oob(dim, size)});
   Value ib = b.broadcast_in_dim(idx, {n, size}, {0});
   Value pos = b.iota(Type{I64, {n, size}}, 1);
   Value hit = b.reduce(b.compare(Cmp::EQ, ib, pos), b.constant_i(0, ElemType::Pred), {0}, "or");
@@ -540,16 +560,18 @@ TPU_LOWER(masked_scatter) {
 }
 
 // ---------------------------------------------------------------- take / put / embedding
-TPU_LOWER(take) {
+TPU_LOWER_CHECKED(take) {
   Value self = c.tensor("self");
   Value index = c.tensor("index");
   const Type& o = out_type(c);
   if (o.numel() == 0) return {b.zeros(o)};
   Value flat = b.reshape(self, {self.type.numel()});
-  return {b.reshape(take_rows(b, flat, index), o.shape)};
+  int64_t n = self.type.numel();
+  std::string msg = "out of range: tried to access an index on a tensor of " + std::to_string(n) + " elements.";
+  return {b.reshape(take_rows(b, flat, index, {true, CheckKind::Index, msg}), o.shape)};
 }
 
-TPU_LOWER(put) {
+TPU_LOWER_CHECKED(put) {
   Value self = c.tensor("self");
   Value index = c.tensor("index");
   int64_t n = self.type.numel();
@@ -557,18 +579,19 @@ TPU_LOWER(put) {
   if (k == 0 || n == 0) return {self};
   Value flat = b.reshape(self, {n});
   Value src = b.reshape(b.convert(c.tensor("source"), self.elem()), {k});
-  Value coords = with_vector_dim(b, wrap_index(b, b.reshape(index, {k}), n));
+  std::string msg = "out of range: tried to access an index on a tensor of " + std::to_string(n) + " elements.";
+  Value coords = with_vector_dim(b, wrap_index(b, b.reshape(index, {k}), n, {true, CheckKind::Index, msg}));
   Value out = b.scatter(flat, coords, src, {}, {0}, {0}, 1, c.bool_("accumulate") ? "add" : "");
   return {b.reshape(out, self.shape())};
 }
 
-TPU_LOWER(embedding) {
+TPU_LOWER_CHECKED(embedding) {
   Value weight = c.tensor("weight");
   Value indices = c.tensor("indices");
   const Type& o = out_type(c);
   if (o.numel() == 0) return {b.zeros(o)};
   if (weight.rank() < 1) throw Unsupported("embedding: 0-d weight");
-  return {b.reshape(take_rows(b, weight, indices), o.shape)};
+  return {b.reshape(take_rows(b, weight, indices, {false, CheckKind::Index, "index out of range in self"}), o.shape)};
 }
 
 }  // namespace tpu::lowering

@@ -89,6 +89,10 @@ struct OpEntry {
   // A view or copy op that eager handles as metadata (or through a composite); lowered only
   // for whole-graph programs (torch.compile), where every value is a logical array.
   bool graph_only = false;
+  // Raises on bad values in PyTorch's CPU kernel (out-of-range index, invalid probabilities):
+  // the lowering records device-side checks with check(); the runtime adds the error status as
+  // one more program result when device checks are on (TORCH_TPU_DEVICE_CHECKS, default on).
+  bool checked = false;
 };
 
 void register_op(const std::string& name, OpEntry entry);
@@ -96,8 +100,9 @@ const OpEntry* find_op(const std::string& name);
 std::vector<std::string> registered_ops();
 
 struct Registrar {
-  Registrar(const char* name, LowerFn fn, bool elementwise, bool random = false, bool graph_only = false) {
-    register_op(name, {fn, elementwise, random, graph_only});
+  Registrar(const char* name, LowerFn fn, bool elementwise, bool random = false, bool graph_only = false,
+            bool checked = false) {
+    register_op(name, {fn, elementwise, random, graph_only, checked});
   }
 };
 
@@ -116,6 +121,16 @@ struct Registrar {
 #define TPU_LOWER_ELEMENTWISE(opname) TPU_LOWER_IMPL(opname, true)
 #define TPU_LOWER_RANDOM(opname) TPU_LOWER_IMPL(opname, true, true)  // pointwise over the output
 #define TPU_LOWER_GRAPH(opname) TPU_LOWER_IMPL(opname, false, false, true)
+#define TPU_LOWER_CHECKED(opname) TPU_LOWER_IMPL(opname, false, false, false, true)
+
+// ---- device-side checks
+// The Python exception PyTorch's CPU kernel raises for the bad value.
+enum class CheckKind : int32_t { Index = 1, Runtime = 2 };
+// Records "any element of `bad` is true -> raise `kind`(msg)" (no-op unless b.checking()). The
+// flag's code is a hash of (kind, msg), so cached programs need no side table.
+void check(Builder& b, Value bad, CheckKind kind, const std::string& msg);
+// The (kind, message) of a code recorded by check() in this process.
+std::optional<std::pair<CheckKind, std::string>> check_message(int32_t code);
 
 // ---- helpers shared by lowering files (helpers.cc)
 // PyTorch computes float16/bfloat16 math in float32 ("opmath"); everything else in its own type.

@@ -1,4 +1,6 @@
 #include <algorithm>
+#include <memory>
+#include <mutex>
 #include <unordered_map>
 
 #include "lowering.h"
@@ -27,6 +29,36 @@ std::vector<std::string> registered_ops() {
   for (const auto& [k, v] : table()) names.push_back(k);
   std::sort(names.begin(), names.end());
   return names;
+}
+
+namespace {
+std::mutex check_mu;
+std::unordered_map<int32_t, std::pair<CheckKind, std::string>>& check_table() {
+  static auto* t = std::make_unique<std::unordered_map<int32_t, std::pair<CheckKind, std::string>>>().release();
+  return *t;
+}
+}  // namespace
+
+void check(Builder& b, Value bad, CheckKind kind, const std::string& msg) {
+  if (!b.checking()) return;
+  uint32_t h = 2166136261u;  // FNV-1a: the same code in every process (disk-cached programs)
+  auto mix = [&](unsigned char ch) { h = (h ^ ch) * 16777619u; };
+  mix(static_cast<unsigned char>(kind));
+  for (char ch : msg) mix(static_cast<unsigned char>(ch));
+  int32_t code = static_cast<int32_t>(h & 0x7fffffffu);
+  if (code == 0) code = 1;
+  {
+    std::lock_guard<std::mutex> lock(check_mu);
+    check_table().emplace(code, std::make_pair(kind, msg));
+  }
+  b.add_error(b.convert(bad, ElemType::Pred), code);
+}
+
+std::optional<std::pair<CheckKind, std::string>> check_message(int32_t code) {
+  std::lock_guard<std::mutex> lock(check_mu);
+  auto it = check_table().find(code);
+  if (it == check_table().end()) return std::nullopt;
+  return it->second;
 }
 
 ElemType opmath(ElemType t) {

@@ -16,6 +16,7 @@
 #include "lowering/lowering.h"
 #include "runtime/compile_cache.h"
 #include "runtime/context.h"
+#include "runtime/device_checks.h"
 #include "runtime/executor.h"
 
 namespace py = pybind11;
@@ -78,7 +79,50 @@ tpu::aten::TpuGenerator* gen(int device) {
 
 }  // namespace
 
+namespace {
+// The innermost Python line outside torch / torch_tpu that launched the current op (device-side
+// check messages). Called only for checked ops; takes the GIL (ops run with it released).
+std::string python_launch_site() {
+  if (!Py_IsInitialized()) return {};
+  PyGILState_STATE g = PyGILState_Ensure();
+  std::string site;
+  PyFrameObject* f = PyThreadState_GetFrame(PyThreadState_Get());  // new reference
+  for (int depth = 0; f && depth < 64 && site.empty(); ++depth) {
+    PyCodeObject* code = PyFrame_GetCode(f);
+    const char* file = PyUnicode_AsUTF8(code->co_filename);
+    std::string fs = file ? file : "";
+    if (!fs.empty() && fs.find("/torch/") == std::string::npos && fs.find("/torch_tpu/") == std::string::npos &&
+        fs.find("<frozen") == std::string::npos)
+      site = fs + ":" + std::to_string(PyFrame_GetLineNumber(f));
+    Py_DECREF(code);
+    PyFrameObject* back = PyFrame_GetBack(f);
+    Py_DECREF(f);
+    f = back;
+  }
+  Py_XDECREF(f);
+  if (PyErr_Occurred()) PyErr_Clear();
+  PyGILState_Release(g);
+  return site;
+}
+
+[[noreturn]] void rethrow_check(const tpu::runtime::DeviceCheckError& e) {
+  if (e.kind == 1) throw py::index_error(e.what());
+  throw std::runtime_error(e.what());
+}
+}  // namespace
+
 PYBIND11_MODULE(_C, m) {
+  tpu::runtime::set_launch_site_provider(&python_launch_site);
+  m.def("_set_device_checks", [](bool on) { tpu::runtime::set_device_checks(on); });
+  m.def("_device_checks", [] { return tpu::runtime::device_checks(); });
+  m.def("_check_device_errors", [] {
+    py::gil_scoped_release nogil;
+    try {
+      tpu::runtime::check_device_errors();
+    } catch (const tpu::runtime::DeviceCheckError& e) {
+      rethrow_check(e);
+    }
+  });
   m.doc() = "torch_tpu native runtime";
   m.def("_register", &tpu::aten::register_hooks);
   m.def("_configure", [](const std::string& path, int64_t n) { Context::get().configure(path, n); });
@@ -108,6 +152,11 @@ PYBIND11_MODULE(_C, m) {
     py::gil_scoped_release nogil;
     tpu::aten::fused_flush();
     tpu::runtime::Executor::get().synchronize();
+    try {
+      tpu::runtime::check_device_errors();
+    } catch (const tpu::runtime::DeviceCheckError& e) {
+      rethrow_check(e);
+    }
   });
   m.def("_set_eager_mode", [](int mode) {
     tpu::aten::fused_flush();  // leaving or entering fused mode is a sync point

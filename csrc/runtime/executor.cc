@@ -5,6 +5,7 @@
 
 #include "compile_cache.h"
 #include "context.h"
+#include "device_checks.h"
 
 namespace tpu::runtime {
 
@@ -114,11 +115,14 @@ void run_strict(const Plan& plan) {
   for (const Slot& s : plan.slots)
     if (s.read && !s.st->buffer) ensure_buffer(*s.st, s.elem, s.numel);
   auto& cache = CompileCache::get();
-  ProgramPtr program = cache.find_signature(plan.key);
+  bool checked = plan.entry->checked && device_checks();  // one more result: the error status
+  const std::string checked_key = checked ? plan.key + "#checked" : std::string();
+  const std::string& key = checked ? checked_key : plan.key;
+  ProgramPtr program = cache.find_signature(key);
   if (!program) {
     program = cache.get_or_compile_program(build_program(plan), plan.what(),
                                            plan.miss_reason ? plan.miss_reason() : "new signature");
-    cache.remember_signature(plan.key, program);
+    cache.remember_signature(key, program);
   }
   std::vector<pjrt::BufferPtr> keep;  // host operand buffers live until the launch is queued
   std::vector<PJRT_Buffer*> args;
@@ -139,6 +143,7 @@ void run_strict(const Plan& plan) {
     s.st->elem = s.elem;
   }
   dispatch_stats().ops++;
+  if (checked) add_error_status(results.back(), check_sources({0}, plan.what()));
 }
 
 // ---------------------------------------------------------------- fused
@@ -156,6 +161,7 @@ struct Pending {
   std::unordered_map<StorageState*, int> arg_of;
   std::vector<pjrt::BufferPtr> arg_bufs;  // in program-argument order
   std::vector<StorageState*> written;     // first-write order (deterministic program text)
+  std::vector<CheckSource> checks;        // device-side checks of the recorded ops
 };
 constexpr int kMaxFusedOps = 512;
 
@@ -175,6 +181,10 @@ void flush_locked(Pending& p) {
     results.push_back(it->second);
     targets.push_back(st);
   }
+  bool checked = p.b->has_errors();
+  if (checked) results.push_back(p.b->error_status());  // last result
+  std::vector<CheckSource> checks = std::move(p.checks);
+  p.checks.clear();
   int ops = p.ops;
   int device = p.device;
   std::vector<pjrt::BufferPtr> bufs = std::move(p.arg_bufs);
@@ -197,6 +207,7 @@ void flush_locked(Pending& p) {
     targets[i]->buffer = outs[i];
     targets[i]->elem = results[i].elem();
   }
+  if (checked) add_error_status(outs.back(), std::move(checks));
 }
 
 void fused_record(const Plan& plan) {
@@ -229,7 +240,12 @@ void fused_record(const Plan& plan) {
     p.arg_bufs.push_back(upload_host(h, plan.device));
     host_vals.push_back(b.arg(Type{h.elem, h.dims}));
   }
+  size_t ncodes = b.error_codes().size();
   emit_op(b, cur, host_vals, plan);
+  if (b.error_codes().size() > ncodes) {
+    std::vector<int32_t> codes(b.error_codes().begin() + static_cast<std::ptrdiff_t>(ncodes), b.error_codes().end());
+    for (CheckSource& cs : check_sources(codes, plan.what())) p.checks.push_back(std::move(cs));
+  }
   for (size_t i = 0; i < plan.slots.size(); ++i) {
     const Slot& s = plan.slots[i];
     if (!s.written) continue;

@@ -2,6 +2,8 @@
 
 #include <stdexcept>
 
+#include "device_checks.h"
+
 namespace tpu::runtime {
 
 using shlo::Type;
@@ -82,6 +84,11 @@ void emit_op(shlo::Builder& b, std::vector<Value>& cur, const std::vector<Value>
     call.args.emplace_back(ap.name, std::move(a));
   }
   for (const TensorRef& r : plan.outs) call.outs.push_back(Type{r.view.elem, r.logical});  // undefined: empty
+  struct Checking {  // the op's device-side checks (lowering.h check()) go into `b`
+    shlo::Builder& b;
+    ~Checking() { b.set_checking(false); }
+  } checking{b};
+  b.set_checking(plan.entry->checked && device_checks());
   std::vector<Value> res = plan.entry->fn(b, call);
   if (res.size() < plan.outs.size())
     internal_error("lowering of " + plan.name + " returned " + std::to_string(res.size()) + " values for " +
@@ -115,6 +122,7 @@ std::string build_program(const Plan& plan) {
     if (plan.slots[i].read) b.alias(plan.slots[i].arg, static_cast<int>(results.size()));
     results.push_back(cur[i]);
   }
+  if (plan.entry->checked && device_checks()) results.push_back(b.error_status());  // last result
   return b.module(results);
 }
 

@@ -303,6 +303,24 @@ Value Builder::compare(Cmp dir, Value a, Value b) {
 
 Value Builder::select(Value pred, Value t, Value f) { return op("select", {pred, t, f}, t.type); }
 
+void Builder::add_error(Value bad, int32_t code) {
+  if (!checking_) return;
+  if (bad.rank() > 0) {
+    if (bad.type.numel() == 0) return;
+    std::vector<int64_t> dims;
+    for (int64_t d = 0; d < bad.rank(); ++d) dims.push_back(d);
+    bad = reduce(bad, constant_i(0, ElemType::Pred), dims, "or");
+  }
+  error_codes_.push_back(code);
+  errors_.push_back(select(bad, constant_i(code, ElemType::S32), constant_i(0, ElemType::S32)));
+}
+
+Value Builder::error_status() {
+  Value s = constant_i(0, ElemType::S32);
+  for (const Value& e : errors_) s = max(s, e);
+  return s;
+}
+
 Value Builder::clamp(Value lo, Value x, Value hi) { return op("clamp", {lo, x, hi}, x.type); }
 
 Value Builder::convert(Value x, ElemType to) {

@@ -155,6 +155,15 @@ class Builder {
   // (new_state, bits) from a 2 x ui64 state, with the Philox algorithm.
   std::pair<Value, Value> rng_bits(Value state, const Type& bits_type);
 
+  // Device-side error checks. While checking() is on, lowerings record (bad predicate, code)
+  // pairs; the runtime turns them into one extra i32 result (error_status: 0 = fine, else the
+  // largest failing code), so no host sync is needed per op.
+  void set_checking(bool on) { checking_ = on; }
+  bool checking() const { return checking_; }
+  void add_error(Value bad, int32_t code);  // `bad`: pred of any shape (any element set = error)
+  bool has_errors() const { return !errors_.empty(); }
+  const std::vector<int32_t>& error_codes() const { return error_codes_; }
+  Value error_status();
   static std::string ints(const std::vector<int64_t>& v);  // "1, 2, 3"
   static std::string dense_array(const std::vector<int64_t>& v);  // "array<i64: 1, 2>"
 
@@ -166,6 +175,9 @@ class Builder {
   std::vector<std::pair<std::string, std::string>> functions_;  // (key, text), printed after main
   std::vector<std::string> bodies_{std::string()};
   int next_id_ = 0;
+  bool checking_ = false;
+  std::vector<Value> errors_;  // i32 scalars: code or 0
+  std::vector<int32_t> error_codes_;
 };
 
 }  // namespace tpu::shlo

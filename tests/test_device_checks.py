@@ -1,0 +1,112 @@
+"""Device-side error checks: bad indices raise like PyTorch CPU (same exception type), at the next
+host read in strict / fused eager and compiled graphs, at the op in debug eager; in-range calls
+(negative indices where PyTorch wraps them) equal CPU; the process keeps working afterwards."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch_tpu import _C, EagerMode, set_eager_mode
+
+T = torch.Tensor
+Case = Callable[[T, T], T]  # (x of shape (3, 2), index) -> result
+
+# op -> (function of x and idx, a good idx, a bad idx); the CPU kernel decides the exception type.
+CASES: dict[str, tuple[Case, list, list]] = {
+    "getitem": (lambda x, i: x[i], [2, -1, -3], [3]),
+    "getitem_neg": (lambda x, i: x[i], [-1], [-4]),
+    "index_select": (lambda x, i: x.index_select(0, i), [2, 0], [3]),
+    "index_select_neg": (lambda x, i: x.index_select(0, i), [0], [-1]),
+    "gather": (lambda x, i: x.gather(0, i.view(1, -1).expand(1, 2)), [2], [-1]),
+    "embedding": (lambda x, i: F.embedding(i, x), [1, 2], [3]),
+    "index_put": (lambda x, i: x.clone().index_put_((i,), torch.tensor(7.0, device=x.device)), [-1], [5]),
+    "setitem": (lambda x, i: _setitem(x, i), [1], [-4]),
+    "scatter": (lambda x, i: x.clone().scatter_(0, i.view(1, -1).expand(1, 2), 1.0), [1], [3]),
+    "scatter_add": (lambda x, i: x.clone().scatter_add_(0, i.view(1, -1).expand(1, 2), x[:1]), [1], [-1]),
+    "scatter_reduce": (
+        lambda x, i: x.clone().scatter_reduce_(0, i.view(1, -1).expand(1, 2), x[:1], "amax"), [2], [3]),
+    "take": (lambda x, i: x.take(i), [-6, 5], [6]),
+    "put": (lambda x, i: x.clone().put_(i, torch.ones(i.numel(), device=x.device)), [-1], [-7]),
+    "index_add": (lambda x, i: x.clone().index_add_(0, i, x[: i.numel()]), [2], [-1]),
+    "index_copy": (lambda x, i: x.clone().index_copy_(0, i, x[: i.numel()]), [0], [3]),
+    "index_fill": (lambda x, i: x.clone().index_fill_(0, i, 5.0), [-1], [3]),
+}
+
+
+def _setitem(x: T, i: T) -> T:
+    y = x.clone()
+    y[i] = 9.0
+    return y
+
+
+def _cpu_error(name: str) -> type[BaseException]:
+    fn, _, bad = CASES[name]
+    with pytest.raises((IndexError, RuntimeError)) as e:
+        fn(torch.arange(6.0).reshape(3, 2), torch.tensor(bad))
+    return e.type
+
+
+def _x(dev: str) -> T:
+    return torch.arange(6.0, device=dev).reshape(3, 2)
+
+
+@pytest.mark.parametrize("mode", ["strict", "debug", "fused"])
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_eager(name: str, mode: str) -> None:
+    fn, good, bad = CASES[name]
+    exc = _cpu_error(name)
+    eager = {"strict": EagerMode.DEFER_NEVER, "debug": EagerMode.DEFER_NEVER_AND_LAUNCH_BLOCKING,
+             "fused": EagerMode.DEFER_AND_FUSE}[mode]
+    with set_eager_mode(eager):
+        got = fn(_x("tpu"), torch.tensor(good, device="tpu")).cpu()
+        torch.testing.assert_close(got, fn(_x("cpu"), torch.tensor(good)))
+        with pytest.raises(exc) as e:
+            r = fn(_x("tpu"), torch.tensor(bad, device="tpu"))  # debug eager raises here
+            r.cpu()  # others: at the next host read
+        assert e.type is exc  # not a subclass: IndexError vs RuntimeError as on CPU
+        assert "device-side check" in str(e.value) and "test_device_checks.py" in str(e.value)
+        # The process keeps working, and the error was consumed.
+        assert _x("tpu").sum().item() == 15.0
+
+
+@pytest.mark.parametrize("name", ["getitem", "gather", "embedding", "index_put", "index_select", "take"])
+def test_compiled(name: str) -> None:
+    fn, good, bad = CASES[name]
+    exc = _cpu_error(name)
+    torch._dynamo.reset()
+    cfn = torch.compile(lambda x, i: fn(x, i) * 2, backend="tpu", dynamic=False)
+    got = cfn(_x("tpu"), torch.tensor(good, device="tpu")).cpu()
+    torch.testing.assert_close(got, fn(_x("cpu"), torch.tensor(good)) * 2)
+    r = cfn(_x("tpu"), torch.tensor(bad, device="tpu"))
+    with pytest.raises(exc, match="device-side check .* in graph"):
+        torch.tpu.synchronize()
+    del r
+    assert _x("tpu").sum().item() == 15.0
+
+
+def test_error_names_line_and_off_switch() -> None:
+    x = _x("tpu")
+    y = x[torch.tensor([10], device="tpu")]  # the line named below
+    line = test_error_names_line_and_off_switch.__code__.co_firstlineno + 2
+    with pytest.raises(IndexError, match=rf"aten::index\.Tensor, launched at .*test_device_checks.py:{line}\)"):
+        print(y)
+    _C._set_device_checks(False)
+    try:  # checks off: the old clamping behaviour, no error
+        assert x[torch.tensor([10], device="tpu")].cpu().tolist() == [[4.0, 5.0]]
+    finally:
+        _C._set_device_checks(True)
+    with pytest.raises(IndexError):
+        x[torch.tensor([10], device="tpu")].cpu()
+
+
+def test_first_error_wins_and_item_raises() -> None:
+    x = _x("tpu")
+    a = x.gather(0, torch.tensor([[5, 0]], device="tpu"))  # RuntimeError on CPU
+    b = F.embedding(torch.tensor([7], device="tpu"), x)  # IndexError on CPU
+    with pytest.raises(RuntimeError, match="aten::gather"):
+        b.sum().item()
+    del a
+    assert x.sum().item() == 15.0
