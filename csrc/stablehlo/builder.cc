@@ -305,8 +305,10 @@ Value Builder::select(Value pred, Value t, Value f) { return op("select", {pred,
 
 void Builder::add_error(Value bad, int32_t code) {
   if (!checking_) return;
-  if (bad.rank() > 0) {
-    if (bad.type.numel() == 0) return;
+  if (bad.type.numel() == 0) return;
+  if (bad.type.numel() == 1) {
+    bad = reshape(bad, {});  // one index (a decode step's token): no reduce
+  } else if (bad.rank() > 0) {
     std::vector<int64_t> dims;
     for (int64_t d = 0; d < bad.rank(); ++d) dims.push_back(d);
     bad = reduce(bad, constant_i(0, ElemType::Pred), dims, "or");
@@ -316,8 +318,9 @@ void Builder::add_error(Value bad, int32_t code) {
 }
 
 Value Builder::error_status() {
-  Value s = constant_i(0, ElemType::S32);
-  for (const Value& e : errors_) s = max(s, e);
+  if (errors_.empty()) return constant_i(0, ElemType::S32);
+  Value s = errors_[0];
+  for (size_t i = 1; i < errors_.size(); ++i) s = max(s, errors_[i]);
   return s;
 }
 
