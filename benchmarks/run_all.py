@@ -23,6 +23,7 @@ BENCHMARKS = {
     "minilm": "bench_minilm",
     "models_diffusers": "bench_models_diffusers",
     "compile": "bench_compile",
+    "train_step": "bench_train_step",
     "fused": "bench_fused",
     "grouped_mm": "bench_grouped_mm",
     "models_hf": "bench_models_hf",

@@ -24,6 +24,7 @@
 #include "common.h"
 #include "plan_call.h"
 #include "cpu_fallback.h"
+#include "cuda_compat.h"
 
 namespace tpu::aten {
 
@@ -260,8 +261,9 @@ bool run_lowered(const c10::OperatorHandle& op, const lowering::OpEntry& entry,
   const auto& rets = schema.returns();
   // An op returning one bool (equal) is lowered to a 0-d bool tensor and read back on the host.
   const bool bool_result = rets.size() == 1 && rets[0].type()->kind() == c10::TypeKind::BoolType;
-  // Out-of-place foreach ops return one fresh tensor per list element.
-  const bool list_result = entry.foreach && rets.size() == 1 && rets[0].type()->kind() == c10::TypeKind::ListType;
+  // So does one un-annotated Tensor[] return: fresh tensors (out-of-place foreach ops, jax_call).
+  const bool list_result = rets.size() == 1 && rets[0].type()->kind() == c10::TypeKind::ListType &&
+                           !rets[0].alias_info();
   for (const auto& r : rets) {
     if (bool_result || list_result) break;
     if (r.type()->kind() != c10::TypeKind::TensorType && !is_int_return(r)) {
@@ -431,8 +433,11 @@ bool run_lowered(const c10::OperatorHandle& op, const lowering::OpEntry& entry,
     }
     bool is_out = sargs[j].is_out();
     if (!is_out && args[j].isTensor() && args[j].toTensor().defined()) {
-      rts = at::native::update_result_type_state(args[j].toTensor(), rts);
-      any = true;
+      try {
+        rts = at::native::update_result_type_state(args[j].toTensor(), rts);
+        any = true;
+      } catch (const c10::Error&) {  // float8 next to other floats (_scaled_mm): no promotion
+      }
     } else if (!is_out && a.hint == NamedArg::Hint::Scalar && args[j].isScalar()) {
       // Only the scalar's kind matters for promotion: reuse one wrapped 0-d tensor per kind.
       const c10::Scalar sc = args[j].toScalar();
@@ -503,6 +508,7 @@ void tpu_boxed_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet, torch:
     at::native::cpu_fallback(op, stack, false);
     return;
   }
+  move_cpu_index_args(op, base, stack);
   if (const lowering::OpEntry* entry = lowering::find_op(base); entry && !entry->graph_only) {
     if (entry->host_bool_indices) convert_bool_indices(op, stack);
     const bool foreach = entry->foreach;

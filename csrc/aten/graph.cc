@@ -94,12 +94,16 @@ std::vector<std::string> unsupported_ops(const GraphDesc& desc) {
   return out;
 }
 
-int64_t build_graph(const GraphDesc& desc) {
+namespace {
+
+// The program text; `out_numel` gets the storage elements of each output buffer.
+std::string graph_module(const GraphDesc& desc, std::vector<int64_t>& out_numel) {
   shlo::Builder b;
   std::unordered_map<int64_t, Value> vals;
   for (size_t i = 0; i < desc.inputs.size(); ++i)
     vals[static_cast<int64_t>(i)] = b.arg(Type{elem_of(static_cast<c10::ScalarType>(desc.inputs[i].dtype)), desc.inputs[i].sizes});
-  for (const GNode& node : desc.nodes) {
+  for (size_t node_index = 0; node_index < desc.nodes.size(); ++node_index) {
+    const GNode& node = desc.nodes[node_index];
     const lowering::OpEntry* entry = lowering::find_op(node.op);
     TORCH_CHECK(entry, "torch_tpu: no lowering for aten::", node.op, " in the compiled graph");
     lowering::OpCall call;
@@ -134,7 +138,14 @@ int64_t build_graph(const GraphDesc& desc) {
     }
     for (const GType& t : node.out_types)
       call.outs.push_back(Type{t.dtype < 0 ? ElemType::F32 : elem_of(static_cast<c10::ScalarType>(t.dtype)), t.sizes});
-    std::vector<Value> res = entry->fn(b, call);
+    std::vector<Value> res;
+    try {
+      res = entry->fn(b, call);
+    } catch (const lowering::Unsupported& e) {
+      // The Python backend parses "graph node <i>" and runs that node outside the compiled pieces.
+      throw lowering::Unsupported("torch_tpu: graph node " + std::to_string(node_index) + " unsupported (aten::" +
+                                  node.op + "): " + e.what());
+    }
     TORCH_CHECK(res.size() >= node.out_ids.size() || node.out_ids.empty(),
                 "torch_tpu: lowering of ", node.op, " returned too few values");
     for (size_t i = 0; i < node.out_ids.size(); ++i) {
@@ -145,19 +156,21 @@ int64_t build_graph(const GraphDesc& desc) {
       vals[node.out_ids[i]] = v;
     }
   }
-  auto g = std::make_shared<Graph>();
-  g->desc = desc;
   std::vector<Value> results;
   for (size_t i = 0; i < desc.outputs.size(); ++i) {
     const GType& t = desc.output_types[i];
     ElemType e = elem_of(static_cast<c10::ScalarType>(t.dtype));
     Value v = b.convert(vals.at(desc.outputs[i]), e);
     if (v.shape() != t.sizes) v = b.reshape(v, t.sizes);
+    if (desc.plain_outputs) {  // export: results as shaped values, no storage layout
+      results.push_back(v);
+      continue;
+    }
     int64_t n = span_of(t.sizes, t.strides);
     runtime::ViewDesc vd{e, t.sizes, t.strides, 0};
     Value storage = vd.covers(n) ? Value{} : b.zeros(Type{e, {n}});
     results.push_back(runtime::write_view(b, storage, v, vd, n, e));
-    g->out_numel.push_back(n);
+    out_numel.push_back(n);
   }
   for (const auto& [input, id] : desc.mutations) {
     const GType& t = desc.inputs[input];
@@ -166,7 +179,20 @@ int64_t build_graph(const GraphDesc& desc) {
     b.alias(static_cast<int>(input), static_cast<int>(results.size()));
     results.push_back(v);
   }
-  std::string mlir = b.module(results);
+  return b.module(results);
+}
+
+}  // namespace
+
+std::string graph_text(const GraphDesc& desc) {
+  std::vector<int64_t> out_numel;
+  return graph_module(desc, out_numel);
+}
+
+int64_t build_graph(const GraphDesc& desc) {
+  auto g = std::make_shared<Graph>();
+  g->desc = desc;
+  std::string mlir = graph_module(desc, g->out_numel);
   std::string why = "new graph, inputs (";
   for (size_t i = 0; i < desc.inputs.size(); ++i) {
     why += (i ? ", " : "") + std::string(shlo::mlir_name(elem_of(static_cast<c10::ScalarType>(desc.inputs[i].dtype)))) + "[";
@@ -174,7 +200,7 @@ int64_t build_graph(const GraphDesc& desc) {
     why += "]";
   }
   why += "), " + std::to_string(desc.nodes.size()) + " ops";
-  g->exe = runtime::CompileCache::get().get_or_compile(mlir, "graph " + desc.name, why);
+  g->exe = runtime::CompileCache::get().get_or_compile(mlir, "graph " + desc.name, why, desc.compile_options);
   std::lock_guard<std::mutex> lock(graphs_mu);
   graphs().push_back(g);
   return static_cast<int64_t>(graphs().size() - 1);

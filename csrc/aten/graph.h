@@ -43,10 +43,14 @@ struct GraphDesc {
   // are the last inputs; callers pass the others.
   std::vector<std::pair<int64_t, int64_t>> rng;
   std::string name;
+  std::string compile_options;  // extra serialized CompileOptionsProto fields (XLA options)
+  bool plain_outputs = false;   // graph_text for export: outputs as shaped values
 };
 
 // Builds and compiles the program; returns a graph id for run_graph.
 int64_t build_graph(const GraphDesc& desc);
+// The StableHLO text of the program (torch_tpu.export).
+std::string graph_text(const GraphDesc& desc);
 // Ops of the description without a lowering (empty when the graph compiles).
 std::vector<std::string> unsupported_ops(const GraphDesc& desc);
 

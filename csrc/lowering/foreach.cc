@@ -4,7 +4,7 @@
 // `self`: its elements are the call's outputs (docs/lowering.md, "mutated list args");
 // out-of-place forms return one tensor per element. Scalar and ScalarList arguments are runtime
 // operands (a ScalarList arrives as a list of 0-d host tensors), so changing lr never recompiles.
-// A call the runtime or a lowering refuses keeps PyTorch's per-tensor composite (csrc/aten/fallback.cc).
+// A call the runtime or a lowering refuses keeps PyTorch's per-tensor composite (csrc/aten/dispatch.cc).
 #include "lowering.h"
 
 namespace tpu::lowering {

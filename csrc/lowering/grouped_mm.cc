@@ -12,20 +12,25 @@
 // must be non-decreasing (as PyTorch's CUDA kernel requires; the CPU's loop then agrees).
 //
 // Strategy (measured on XLA:CPU at MoE decode sizes, benchmarks/bench_grouped_mm.py):
-// - 2-D x 3-D (the MoE forward and input gradients), when it saves at least half the GEMM
-//   rows: rows are sorted by group, so cut into T-row tiles each (tile, group) pair holding rows
-//   is one small GEMM; nt + G - 1 pairs always suffice, a static count, so the pairs are
-//   computed on device (L + (G-1) T GEMM rows instead of G L). 64 tokens x top-2 over 8
-//   experts: 240 rows instead of 1024.
-// - otherwise (few rows, 3-D x 2-D, 2-D x 2-D weight gradients): every group's product densely
-//   (G x the useful flops) and each row/column keeps its own group's result with a select;
-//   for 2-D x 2-D both operands are masked to the group's K range before a batched GEMM. A tiled
-//   2-D x 2-D (per-pair [M,T]x[T,N] partials accumulated by dynamic-update-slice) measured
-//   slower than this on XLA:CPU.
+// - 2-D x 3-D (the MoE forward and input gradients): a *window* of T rows per group gathered into
+//   [G, T, K], one batched GEMM against the weights in place (each expert read once, no weight
+//   copies), results gathered back per row; T is the smallest window of a static ladder that
+//   holds the largest group, picked on device by stablehlo.case (no sync; ~1.5x the useful rows
+//   for balanced routing, exact for any). With fewer rows than half the groups (decode batch
+//   1-3), each row gathers its own expert's weights instead (batched mat-vec).
+// - 2-D x 2-D (weight gradients): the same windows over K, masked to each group by a select.
+// - 3-D x 2-D: every group's product densely (G x the useful flops), each column keeps its own
+//   group's result with a select.
+// The earlier tiled path (T-row tiles x (tile, group) pairs, one weight copy per pair) and the
+// dense masked path stay selectable with TORCH_TPU_GROUPED_MM=tiled|dense for comparison: the
+// weight copies made the tiled path 2-5x slower than the windowed one at decode batch 64.
 // Selects, never masked multiplies: a NaN/inf in one expert's weights never leaks into rows
 // routed elsewhere (0 * inf = NaN). float16/bfloat16 accumulate in float32 like mm; the
 // runtime converts back.
 #include <algorithm>
+#include <cstdlib>
+#include <functional>
+#include <string>
 #include <vector>
 
 #include "lowering.h"
@@ -193,6 +198,144 @@ Value rows_tiled(Builder& b, Value a, Value w, Value offs, ElemType t, bool w_co
   return b.slice(out, {0, 0}, {m, n});
 }
 
+// ---- windowed path: group g's rows are [start_g, start_g + size_g) (sorted by group). Each
+// group's first T rows are gathered into [G, T, K] and multiplied by the weights in place (one
+// batched GEMM, every expert read once, no weight copies), then each row gathers its result
+// back. T is the smallest window >= the largest group, picked on device by a stablehlo.case
+// over a static ladder of windows (no host sync): balanced decode routing costs ~1.5x the
+// useful rows, and any routing stays exact (the last window is all rows).
+
+// Window sizes 8, 16, 24, 32, 48, 64, 96, ... and finally `len` itself.
+std::vector<int64_t> windows(int64_t len) {
+  std::vector<int64_t> ws;
+  for (int64_t w = 8; w < len; w = w < 32 ? w + 8 : w + w / 2) ws.push_back(w);
+  ws.push_back(len);
+  return ws;
+}
+
+struct Groups {
+  Value starts, sizes;  // [G] s64
+  Value gid;            // [len] s64, G for indices past the last group
+  Value pos;            // [len] s64, index within its group (clamped group for past-the-end)
+  Value in_group;       // [len] pred
+  Value branch;         // 0-d s32: index of the smallest window >= max(sizes)
+};
+
+Groups groups_of(Builder& b, Value offs, int64_t len, const std::vector<int64_t>& ws) {
+  Groups gr;
+  const int64_t g = offs.shape()[0];
+  Value ends = b.convert(offs, I64);
+  gr.starts = g == 1 ? b.zeros(Type{I64, {1}})
+                     : b.concatenate({b.zeros(Type{I64, {1}}), b.slice(ends, {0}, {g - 1})}, 0);
+  gr.sizes = b.max(b.sub(ends, gr.starts), b.zeros(Type{I64, {g}}));
+  gr.gid = group_ids(b, offs, len);
+  gr.in_group = b.compare(Cmp::LT, gr.gid, b.constant_i(g, I64, {len}));
+  Value gc = b.min(gr.gid, b.constant_i(g - 1, I64, {len}));
+  gr.pos = b.sub(b.iota(Type{I64, {len}}, 0), take_leading(b, gr.starts, gc));
+  gr.gid = gc;
+  Value mx = b.reduce(gr.sizes, b.constant_i(0, I64), {0}, "maximum");
+  const int64_t nw = static_cast<int64_t>(ws.size());
+  Value ladder = b.constant_i(0, I64, {nw - 1});
+  std::vector<Value> small;
+  for (int64_t j = 0; j + 1 < nw; ++j) small.push_back(b.constant_i(ws[j], I64, {1}));
+  Value below = nw > 1 ? b.convert(b.compare(Cmp::LT, b.concatenate(small, 0), b.broadcast_to(mx, {nw - 1})), I64)
+                       : ladder;
+  gr.branch = b.convert(nw > 1 ? b.reduce(below, b.constant_i(0, I64), {0}, "add") : b.constant_i(0, I64),
+                        ElemType::S32);
+  return gr;
+}
+
+// [G, T] source indices start_g + j (clamped) and whether j < size_g.
+std::pair<Value, Value> window_rows(Builder& b, const Groups& gr, int64_t g, int64_t t, int64_t len) {
+  Value j = b.iota(Type{I64, {g, t}}, 1);
+  Value rows = b.add(b.broadcast_in_dim(gr.starts, {g, t}, {0}), j);
+  rows = b.clamp(b.constant_i(0, I64, {g, t}), rows, b.constant_i(len - 1, I64, {g, t}));
+  Value valid = b.compare(Cmp::LT, j, b.broadcast_in_dim(gr.sizes, {g, t}, {0}));
+  return {rows, valid};
+}
+
+// One branch per window; `body(T)` builds the result for window T.
+Value window_case(Builder& b, const Groups& gr, const std::vector<int64_t>& ws, const Type& out,
+                  const std::function<Value(int64_t)>& body) {
+  if (ws.size() == 1) return body(ws[0]);
+  std::string regions;
+  for (size_t i = 0; i < ws.size(); ++i) {
+    if (i) regions += ", ";
+    regions += b.region({}, [&](const std::vector<Value>&) { return std::vector<Value>{body(ws[i])}; });
+  }
+  return b.op_multi("case", {gr.branch}, {out}, "", regions)[0];
+}
+
+// [M,K] x [G,K,N] with offs over the M rows.
+Value rows_windowed(Builder& b, Value a, Value w, Value offs, ElemType t) {
+  const int64_t m = a.shape()[0], k = a.shape()[1], n = w.shape()[2], g = offs.shape()[0];
+  std::vector<int64_t> ws = windows(m);
+  Groups gr = groups_of(b, offs, m, ws);
+  const Type out{t, {m, n}};
+  return window_case(b, gr, ws, out, [&](int64_t tt) {
+    auto [rows, valid] = window_rows(b, gr, g, tt, m);
+    (void)valid;  // rows past a group's end compute garbage that no output row gathers
+    Value xs = b.reshape(take_leading(b, a, b.reshape(rows, {g * tt})), {g, tt, k});
+    Value y = b.reshape(gdot(b, xs, w, {0}, {0}, {2}, {1}, t), {g * tt, n});
+    Value src = b.add(b.mul(gr.gid, b.constant_i(tt, I64, {m})),
+                      b.clamp(b.constant_i(0, I64, {m}), gr.pos, b.constant_i(tt - 1, I64, {m})));
+    Value r = take_leading(b, y, src);
+    return b.select(b.broadcast_in_dim(gr.in_group, {m, n}, {0}), r, b.zeros(out));
+  });
+}
+
+// Few rows (decode): each row gathers its own expert's weights ([M,K,N], M small) for a batched
+// matrix-vector product, instead of reading all G experts.
+Value rows_gathered(Builder& b, Value a, Value w, Value offs, ElemType t) {
+  const int64_t m = a.shape()[0], k = a.shape()[1], n = w.shape()[2], g = offs.shape()[0];
+  Value gid = group_ids(b, offs, m);
+  Value in_group = b.compare(Cmp::LT, gid, b.constant_i(g, I64, {m}));
+  Value wr = take_leading(b, w, b.min(gid, b.constant_i(g - 1, I64, {m})));  // [M,K,N]
+  Value y = b.reshape(gdot(b, b.reshape(a, {m, 1, k}), wr, {0}, {0}, {2}, {1}, t), {m, n});
+  return b.select(b.broadcast_in_dim(in_group, {m, n}, {0}), y, b.zeros(Type{t, {m, n}}));
+}
+
+// [Kh,S] x [S,N] with offs over S -> [G,Kh,N] (weight gradients): each group's window of S
+// gathered (masked to the group by a select) into one batched GEMM.
+Value k_windowed(Builder& b, Value a, Value w, Value offs, ElemType t) {
+  const int64_t kh = a.shape()[0], s = a.shape()[1], n = w.shape()[1], g = offs.shape()[0];
+  if (s == 0) return b.zeros(Type{t, {g, kh, n}});
+  std::vector<int64_t> ws = windows(s);
+  Groups gr = groups_of(b, offs, s, ws);
+  Value at_ = b.transpose(a, {1, 0});  // [S, Kh]: gathered by rows like w
+  return window_case(b, gr, ws, Type{t, {g, kh, n}}, [&](int64_t tt) {
+    auto [rows, valid] = window_rows(b, gr, g, tt, s);
+    Value flat = b.reshape(rows, {g * tt});
+    Value xa = b.reshape(take_leading(b, at_, flat), {g, tt, kh});
+    Value xw = b.reshape(take_leading(b, w, flat), {g, tt, n});
+    xa = b.select(b.broadcast_in_dim(valid, {g, tt, kh}, {0, 1}), xa, b.zeros(xa.type));
+    xw = b.select(b.broadcast_in_dim(valid, {g, tt, n}, {0, 1}), xw, b.zeros(xw.type));
+    return gdot(b, xa, xw, {0}, {0}, {1}, {1}, t);
+  });
+}
+
+// TORCH_TPU_GROUPED_MM=dense|tiled|windowed|gather forces one strategy (benchmarks, tests).
+std::string grouped_mm_path() {
+  static const std::string p = [] {
+    const char* v = std::getenv("TORCH_TPU_GROUPED_MM");
+    return std::string(v ? v : "");
+  }();
+  return p;
+}
+
+// The strategy for [M,K] x [G,K,N] with offs over rows, by shape.
+Value rows_dispatch(Builder& b, Value a, Value w, Value offs, ElemType t, bool w_col_major) {
+  const int64_t m = a.shape()[0], n = w.shape()[2], g = offs.shape()[0];
+  std::string p = grouped_mm_path();
+  if (p.empty()) p = 2 * m <= g ? "gather" : "windowed";
+  if (p == "gather") return rows_gathered(b, a, w, offs, t);
+  if (p == "windowed") return rows_windowed(b, a, w, offs, t);
+  if (p == "tiled" && use_tiles(m, g)) return rows_tiled(b, a, w, offs, t, w_col_major);
+  Value all = gdot(b, a, w, {}, {}, {1}, {1}, t);  // [M, G, N]
+  Value mask = group_mask(b, group_ids(b, offs, m), {m, g, n}, 0, 1);
+  return select_group(b, all, mask, 1);
+}
+
 }  // namespace
 
 TPU_LOWER(_grouped_mm) {
@@ -211,10 +354,7 @@ TPU_LOWER(_grouped_mm) {
 
   if (ra == 2 && rw == 3) {  // [M,K] x [G,K,N]: offs over rows
     const int64_t m = a.shape()[0], n = w.shape()[2];
-    if (use_tiles(m, g)) return {rows_tiled(b, a, w, offs, t, c.bool_("mat2_col_major"))};
-    Value all = gdot(b, a, w, {}, {}, {1}, {1}, t);  // [M, G, N]
-    Value mask = group_mask(b, group_ids(b, offs, m), {m, g, n}, 0, 1);
-    return {select_group(b, all, mask, 1)};
+    return {rows_dispatch(b, a, w, offs, t, c.bool_("mat2_col_major"))};
   }
   if (ra == 3 && rw == 2) {  // [G,M,K] x [K,N]: offs over columns
     const int64_t m = a.shape()[1], n = w.shape()[1];
@@ -223,6 +363,7 @@ TPU_LOWER(_grouped_mm) {
     return {select_group(b, all, mask, 0)};
   }
   if (ra == 2 && rw == 2) {  // [M,K] x [K,N]: offs over K -> [G,M,N]
+    if (grouped_mm_path() != "dense" && grouped_mm_path() != "tiled") return {k_windowed(b, a, w, offs, t)};
     const int64_t m = a.shape()[0], k = a.shape()[1], n = w.shape()[1];
     Value gid = group_ids(b, offs, k);
     Value am = group_mask(b, gid, {g, m, k}, 2, 0);
@@ -234,6 +375,33 @@ TPU_LOWER(_grouped_mm) {
     return {gdot(b, ae, we, {0}, {0}, {2}, {1}, t)};
   }
   throw Unsupported("_grouped_mm: operands must be 2-D or 3-D");
+}
+
+// torch.tpu.ops.ragged_dot / ragged_dot_weight_grad (torch_tpu:: ops, python/torch_tpu/ops):
+// JAX's ragged_dot contract with group sizes instead of offsets, on the same paths as
+// _grouped_mm. Rows past sum(group_sizes) are zero.
+namespace {
+// Inclusive prefix sum of the (few) group sizes: a [G, G] triangle.
+Value group_ends(Builder& b, Value sizes) {
+  const int64_t g = sizes.shape()[0];
+  Value s = b.broadcast_in_dim(b.convert(sizes, I64), {g, g}, {1});
+  Value keep = b.compare(Cmp::LE, b.iota(Type{I64, {g, g}}, 1), b.iota(Type{I64, {g, g}}, 0));
+  return b.reduce(b.select(keep, s, b.zeros(s.type)), b.constant_i(0, I64), {1}, "add");
+}
+}  // namespace
+
+TPU_LOWER(ragged_dot) {
+  const Type& o = out_type(c);
+  if (o.numel() == 0) return {b.zeros(o)};
+  Value offs = group_ends(b, c.tensor("group_sizes"));
+  return {rows_dispatch(b, c.tensor("lhs"), c.tensor("rhs"), offs, opmath(o.elem), false)};
+}
+
+TPU_LOWER(ragged_dot_weight_grad) {
+  const Type& o = out_type(c);
+  if (o.numel() == 0) return {b.zeros(o)};
+  Value offs = group_ends(b, c.tensor("group_sizes"));
+  return {k_windowed(b, b.transpose(c.tensor("lhs"), {1, 0}), c.tensor("grad"), offs, opmath(o.elem))};
 }
 
 }  // namespace tpu::lowering

@@ -1,4 +1,4 @@
-// Matrix products: mm, bmm, addmm, baddbmm, addbmm, addmv, addr, mv, dot, vdot.
+// Matrix products: mm, _scaled_mm (float8), bmm, addmm, baddbmm, addbmm, addmv, addr, mv, dot, vdot.
 // (matmul/outer/linear are CompositeImplicit in ATen and reach us as these ops.)
 // Triangular and LU solves (linalg_solve_triangular, triangular_solve, _cholesky_solve_helper,
 // linalg_lu_solve, lu_unpack): the backward formulas of cholesky/qr/lu/det/solve use them.
@@ -77,6 +77,23 @@ Value add_scaled(Builder& b, const OpCall& c, Value product) {
 TPU_LOWER(mm) {
   ElemType t = prod_type(out_type(c).elem);
   return {dot(b, c.tensor("self"), c.tensor("mat2"), {}, {}, {1}, {0}, t)};
+}
+
+// float8 GEMM as PyTorch's CPU kernel computes it: (a.f32 * scale_a) @ (b.f32 * scale_b) (+ bias) in
+// f32, then the output dtype; tensor-wise () / (1,) or row-wise (M,1) x (1,N) scales;
+// `scale_result` is ignored as on the CPU. Other scale layouts (block-wise) take the CPU path.
+TPU_LOWER(_scaled_mm) {
+  const ElemType f = ElemType::F32;
+  Value a = b.convert(c.tensor("self"), f), m = b.convert(c.tensor("mat2"), f);
+  auto scaled = [&](Value x, const char* name) {
+    Value s = c.tensor(name);
+    if (s.type.numel() != 1 && s.rank() != x.rank()) throw Unsupported("_scaled_mm: block-wise scales");
+    if (s.type.numel() == 1) s = b.reshape(s, {});
+    return b.mul(x, cast_to(b, s, f, x.shape()));
+  };
+  Value r = b.dot_general(scaled(a, "scale_a"), scaled(m, "scale_b"), {}, {}, {1}, {0}, f);
+  if (c.has("bias")) r = b.add(r, operand(b, c.arg("bias"), f, r.shape()));
+  return {r};
 }
 
 TPU_LOWER(bmm) {

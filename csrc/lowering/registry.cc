@@ -41,7 +41,7 @@ std::vector<std::string> registered_ops() {
 }
 
 ElemType opmath(ElemType t) {
-  return (t == ElemType::F16 || t == ElemType::BF16) ? ElemType::F32 : t;
+  return (t == ElemType::F16 || t == ElemType::BF16 || shlo::is_f8(t)) ? ElemType::F32 : t;
 }
 
 Value cast_to(Builder& b, Value v, ElemType t, const Shape& shape) {

@@ -12,6 +12,7 @@
 #include "aten/cpu_fallback.h"
 #include "aten/generator.h"
 #include "aten/graph.h"
+#include "lowering/jax_call.h"
 #include "lowering/lowering.h"
 #include "runtime/compile_cache.h"
 #include "runtime/context.h"
@@ -66,6 +67,8 @@ tpu::aten::GraphDesc graph_desc(const py::dict& d) {
   for (auto t : d["output_types"].cast<py::list>()) g.output_types.push_back(gtype(t.cast<py::tuple>()));
   g.mutations = d["mutations"].cast<std::vector<std::pair<int64_t, int64_t>>>();
   if (d.contains("rng")) g.rng = d["rng"].cast<std::vector<std::pair<int64_t, int64_t>>>();
+  if (d.contains("compile_options")) g.compile_options = d["compile_options"].cast<std::string>();
+  if (d.contains("plain_outputs")) g.plain_outputs = d["plain_outputs"].cast<bool>();
   return g;
 }
 
@@ -151,10 +154,22 @@ PYBIND11_MODULE(_C, m) {
     return d;
   });
   // Compiles raw StableHLO text through the cache (tests and custom-kernel plumbing).
-  m.def("_compile_mlir", [](const std::string& text, const std::string& what) {
-    tpu::runtime::CompileCache::get().get_or_compile(text, what, "explicit");
+  m.def("_compile_mlir", [](const std::string& text, const std::string& what, const py::bytes& options) {
+    tpu::runtime::CompileCache::get().get_or_compile(text, what, "explicit", options);
+  }, py::arg("text"), py::arg("what"), py::arg("options") = py::bytes());
+  // Foreign (JAX-exported) modules for the jax_call lowering: types are (mlir element name, shape).
+  m.def("_jax_register", [](const std::string& key, const std::string& op, const std::string& text,
+                            const std::string& callee,
+                            const std::vector<std::pair<std::string, std::vector<int64_t>>>& in_types,
+                            const std::vector<std::pair<std::string, std::vector<int64_t>>>& out_types) {
+    tpu::lowering::ForeignModule fm{key, op, text, callee, {}, {}};
+    for (const auto& [e, s] : in_types) fm.in_types.push_back({tpu::lowering::elem_from_mlir_name(e), s});
+    for (const auto& [e, s] : out_types) fm.out_types.push_back({tpu::lowering::elem_from_mlir_name(e), s});
+    tpu::lowering::register_foreign_module(std::move(fm));
   });
+  m.def("_jax_registered", [](const std::string& key) { return tpu::lowering::has_foreign_module(key); });
   m.def("_graph_build", [](const py::dict& d) { return tpu::aten::build_graph(graph_desc(d)); });
+  m.def("_graph_text", [](const py::dict& d) { return tpu::aten::graph_text(graph_desc(d)); });
   m.def("_graph_unsupported", [](const py::dict& d) { return tpu::aten::unsupported_ops(graph_desc(d)); });
   m.def("_lowered_ops", [] { return tpu::lowering::registered_ops(); });
   m.def("_mem_get_info", [](int device) {

@@ -69,15 +69,15 @@ std::string CompileCache::cache_dir() const {
 }
 
 pjrt::ExecutablePtr CompileCache::get_or_compile(const std::string& mlir, const std::string& what,
-                                                 const std::string& reason) {
-  return get_or_compile_program(mlir, what, reason)->exe;
+                                                 const std::string& reason, const std::string& extra_options) {
+  return get_or_compile_program(mlir, what, reason, extra_options)->exe;
 }
 
 ProgramPtr CompileCache::get_or_compile_program(const std::string& mlir, const std::string& what,
-                                                const std::string& reason) {
+                                                const std::string& reason, const std::string& extra_options) {
   Context& ctx = Context::get();
   pjrt::Client& client = ctx.client();
-  const std::string& opts = pjrt::portable_compile_options();
+  const std::string opts = pjrt::portable_compile_options() + extra_options;
   std::string full_key = ctx.plugin_identity() + "\n" + CompileCache::hash_hex(opts) + "\n" + mlir;
   std::string key = hash_hex(full_key);
   {

@@ -55,10 +55,12 @@ class CompileCache {
  public:
   static CompileCache& get();
   // `what` names the requester for error messages and the compile log.
+  // `extra_options`: serialized xla.CompileOptionsProto fields merged over the defaults (protobuf
+  // concatenation = merge), e.g. XLA debug-option overrides from torch.compile(options=...).
   pjrt::ExecutablePtr get_or_compile(const std::string& mlir, const std::string& what,
-                                     const std::string& reason);
+                                     const std::string& reason, const std::string& extra_options = {});
   ProgramPtr get_or_compile_program(const std::string& mlir, const std::string& what,
-                                    const std::string& reason);
+                                    const std::string& reason, const std::string& extra_options = {});
   // Signature-key index: the program remembered for `key`, or null (never built, or evicted).
   ProgramPtr find_signature(const std::string& key);
   void remember_signature(const std::string& key, const ProgramPtr& program);

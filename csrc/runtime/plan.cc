@@ -22,6 +22,8 @@ pjrt::ElementType pjrt_of(shlo::ElemType t) {
     case shlo::ElemType::U16: return pjrt::ElementType::U16;
     case shlo::ElemType::U32: return pjrt::ElementType::U32;
     case shlo::ElemType::U64: return pjrt::ElementType::U64;
+    case shlo::ElemType::F8E4M3FN: return pjrt::ElementType::F8E4M3FN;
+    case shlo::ElemType::F8E5M2: return pjrt::ElementType::F8E5M2;
   }
   return pjrt::ElementType::F32;
 }

@@ -10,7 +10,7 @@
 namespace tpu::shlo {
 
 bool is_float(ElemType t) {
-  return t == ElemType::F16 || t == ElemType::BF16 || t == ElemType::F32 || t == ElemType::F64;
+  return t == ElemType::F16 || t == ElemType::BF16 || t == ElemType::F32 || t == ElemType::F64 || is_f8(t);
 }
 bool is_unsigned(ElemType t) {
   return t == ElemType::U8 || t == ElemType::U16 || t == ElemType::U32 || t == ElemType::U64;
@@ -18,7 +18,7 @@ bool is_unsigned(ElemType t) {
 int bit_width(ElemType t) {
   switch (t) {
     case ElemType::Pred: return 1;
-    case ElemType::S8: case ElemType::U8: return 8;
+    case ElemType::S8: case ElemType::U8: case ElemType::F8E4M3FN: case ElemType::F8E5M2: return 8;
     case ElemType::S16: case ElemType::U16: case ElemType::F16: case ElemType::BF16: return 16;
     case ElemType::S32: case ElemType::U32: case ElemType::F32: return 32;
     default: return 64;
@@ -39,6 +39,8 @@ const char* mlir_name(ElemType t) {
     case ElemType::BF16: return "bf16";
     case ElemType::F32: return "f32";
     case ElemType::F64: return "f64";
+    case ElemType::F8E4M3FN: return "f8E4M3FN";
+    case ElemType::F8E5M2: return "f8E5M2";
   }
   return "?";
 }
@@ -88,8 +90,21 @@ std::string Builder::module(const std::vector<Value>& results) const {
   for (size_t i = 0; i < results.size(); ++i) os << (i ? ", " : "") << results[i].name();
   os << ") : (";
   for (size_t i = 0; i < results.size(); ++i) os << (i ? ", " : "") << results[i].type.str();
-  os << ") -> ()\n  }\n}\n";
+  os << ") -> ()\n  }\n";
+  for (const auto& f : functions_) os << f.second << "\n";
+  os << "}\n";
   return os.str();
+}
+
+void Builder::add_functions(const std::string& key, const std::string& text) {
+  for (const auto& f : functions_)
+    if (f.first == key) return;
+  functions_.emplace_back(key, text);
+}
+
+std::vector<Value> Builder::call(const std::string& callee, const std::vector<Value>& operands,
+                                 const std::vector<Type>& results) {
+  return op_multi("func.call", operands, results, "callee = @" + callee);
 }
 
 std::vector<Value> Builder::op_multi(std::string_view name, const std::vector<Value>& operands,
@@ -105,7 +120,8 @@ std::vector<Value> Builder::op_multi(std::string_view name, const std::vector<Va
     // Multi-result ops bind a pack %vN:k; we then alias each element by name.
     b += "%r" + std::to_string(outs[0].id) + ":" + std::to_string(outs.size()) + " = ";
   }
-  b += "\"stablehlo.";
+  // Names with a dialect prefix ("func.call") are printed as given; the rest are StableHLO ops.
+  b += name.find('.') == std::string_view::npos ? "\"stablehlo." : "\"";
   b += name;
   b += "\"(";
   for (size_t i = 0; i < operands.size(); ++i) b += (i ? ", " : "") + operands[i].name();
@@ -214,6 +230,8 @@ Value Builder::constant_f(double v, ElemType t, const Shape& shape) {
     if (t == ElemType::Pred) return constant_i(v != 0, t, shape);
     return constant_i(static_cast<int64_t>(v), t, shape);
   }
+  // f8 literals: an f32 constant converted on the device (XLA rounds like c10's f8 casts).
+  if (is_f8(t)) return convert(constant_f(v, ElemType::F32, shape), t);
   Type ty{t, shape};
   Type scalar{t, {}};
   Value c = op("constant", {}, scalar,
@@ -290,7 +308,23 @@ Value Builder::clamp(Value lo, Value x, Value hi) { return op("clamp", {lo, x, h
 Value Builder::convert(Value x, ElemType to) {
   if (x.elem() == to) return x;
   if (to == ElemType::Pred) return compare(Cmp::NE, x, zeros(x.type));
+  if (is_f8(to)) return convert_to_f8(x, to);
   return op("convert", {x}, Type{to, x.shape()});
+}
+
+// Bit-exact with c10's casts: through f32 (as c10 converts), e4m3fn saturates finite overflow
+// and +-inf to +-448, and e5m2 spells NaN 0x7F|sign (XLA writes 0x7E|sign).
+Value Builder::convert_to_f8(Value x, ElemType to) {
+  const Shape& sh = x.shape();
+  Value f = x.elem() == ElemType::F32 ? x : op("convert", {x}, Type{ElemType::F32, sh});
+  if (to == ElemType::F8E4M3FN) f = clamp(constant_f(-448.0, ElemType::F32, sh), f, constant_f(448.0, ElemType::F32, sh));
+  Value r = op("convert", {f}, Type{to, sh});
+  if (to == ElemType::F8E5M2) {
+    Value u = bitcast(r, Type{ElemType::U8, sh});
+    u = select(compare(Cmp::NE, f, f), or_(u, constant_i(1, ElemType::U8, sh)), u);
+    r = bitcast(u, Type{to, sh});
+  }
+  return r;
 }
 
 Value Builder::bitcast(Value x, const Type& to) { return op("bitcast_convert", {x}, to); }

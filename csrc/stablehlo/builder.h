@@ -10,10 +10,12 @@
 
 namespace tpu::shlo {
 
-enum class ElemType : uint8_t { Pred, S8, S16, S32, S64, U8, U16, U32, U64, F16, BF16, F32, F64 };
+// F8E4M3FN / F8E5M2: storage and casts (torch.float8_e4m3fn / float8_e5m2); math runs in f32.
+enum class ElemType : uint8_t { Pred, S8, S16, S32, S64, U8, U16, U32, U64, F16, BF16, F32, F64, F8E4M3FN, F8E5M2 };
 using Shape = std::vector<int64_t>;
 
 bool is_float(ElemType t);
+inline bool is_f8(ElemType t) { return t == ElemType::F8E4M3FN || t == ElemType::F8E5M2; }
 bool is_unsigned(ElemType t);
 inline bool is_integral(ElemType t) { return !is_float(t) && t != ElemType::Pred; }
 int bit_width(ElemType t);
@@ -46,6 +48,13 @@ class Builder {
   // Marks argument `arg_index` as donated into result `result_index` (XLA updates in place).
   void alias(int arg_index, int result_index);
   std::string module(const std::vector<Value>& results) const;
+
+  // ---- foreign functions (JAX / Pallas modules spliced into this program)
+  // Adds top-level `func.func` text (already renamed to unique, private symbols) once per key.
+  void add_functions(const std::string& key, const std::string& text);
+  // `func.call @callee(operands)` with the given result types.
+  std::vector<Value> call(const std::string& callee, const std::vector<Value>& operands,
+                          const std::vector<Type>& results);
   int num_args() const { return static_cast<int>(args_.size()); }
 
   // ---- generic op emission
@@ -96,6 +105,7 @@ class Builder {
   Value clamp(Value lo, Value x, Value hi);
   Value convert(Value x, ElemType to);  // PyTorch cast semantics for bool targets (x != 0)
   Value bitcast(Value x, const Type& to);
+  Value convert_to_f8(Value x, ElemType to);
 
   // ---- shape
   Value reshape(Value x, const Shape& shape);
@@ -153,6 +163,7 @@ class Builder {
   std::string& body() { return bodies_.back(); }
   std::vector<Value> args_;
   std::vector<std::pair<int, int>> aliases_;
+  std::vector<std::pair<std::string, std::string>> functions_;  // (key, text), printed after main
   std::vector<std::string> bodies_{std::string()};
   int next_id_ = 0;
 };

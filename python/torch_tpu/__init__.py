@@ -65,20 +65,37 @@ def _autoload() -> None:
     _torch.utils.generate_methods_for_privateuse1_backend(
         for_tensor=True, for_module=True, for_packed_sequence=True, for_storage=True
     )
-    from torch_tpu._internal import module_move
-
-    module_move.install()  # after generate_methods: wraps the generated Module.tpu too
     backends = types.ModuleType("torch.backends.tpu")
     backends.is_available = device_module.is_available  # type: ignore[attr-defined]
     backends.is_built = lambda: True  # type: ignore[attr-defined]
     _torch.backends.tpu = backends  # type: ignore[attr-defined]
     sys.modules["torch.backends.tpu"] = backends
 
+    # torch.tpu.pallas / torch.tpu.ops (importing them does not import JAX).
+    from torch_tpu import ops as tpu_ops
+    from torch_tpu import pallas as tpu_pallas
+
+    for sub_name, sub in (("pallas", tpu_pallas), ("ops", tpu_ops)):
+        setattr(device_module, sub_name, sub)
+        sys.modules[f"torch.tpu.{sub_name}"] = sub
+
     from torch_tpu._internal import compile as tpu_compile
-    from torch_tpu._internal import execution_mode
+    from torch_tpu._internal import execution_mode, integrations
+
+    integrations.install()
 
     tpu_compile.install_default_backend_routing()
     execution_mode._init_from_env()
+
+    # c10d backends "tpu_dist"/"tpu": cheap (torch.distributed is already imported by torch).
+    if _torch.distributed.is_available():
+        from torch_tpu.distributed import _backend as dist_backend
+
+        dist_backend.register()
+        import torch_tpu.distributed as tpu_distributed
+
+        device_module.distributed = tpu_distributed  # type: ignore[attr-defined]
+        sys.modules["torch.tpu.distributed"] = tpu_distributed
 
 
 _autoload()

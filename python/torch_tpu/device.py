@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from torch_tpu import _C
+from torch_tpu import _C, compiler, optimizers  # noqa: F401 (torch.tpu.compiler, torch.tpu.optimizers)
 
 _initialized = False
 _DeviceLike = int | str | torch.device | None
@@ -63,10 +64,20 @@ def _accel_is_tpu() -> bool:
     return acc is not None and acc.type == "tpu"
 
 
+def _process_chip(idx: int) -> int:
+    """Under torchrun each process owns one chip, seen as tpu:0: launchers and DeviceMesh call
+    set_device(LOCAL_RANK), which names that same chip."""
+    local = os.environ.get("LOCAL_RANK")
+    if local is not None and idx == int(local) and idx > 0 and device_count() == 1:
+        return 0
+    return idx
+
+
 def set_device(device: _DeviceLike) -> None:
     idx = _index(device)
     if idx < 0:
         return
+    idx = _process_chip(idx)
     _lazy_init()
     torch.accelerator.set_device_index(idx)
 

@@ -4,21 +4,29 @@ Each FX graph (forward, and backward when training) is described with plain valu
 in C++ through the same lowering table eager uses, compiled once (memory + disk cache), and run
 by the `torch_tpu::run_graph` op. Input mutations (aot's trailing `copy_`) are written back
 through the storage write path with donation. Random ops read the device generator's state
-from extra inputs that run_graph fills per run (advanced as eager advances it). Graphs with ops
-that have no lowering run op by op in eager mode instead (correct, warned once).
+from extra inputs that run_graph fills per run (advanced as eager advances it).
+
+AOTAutograd decomposes only ops WITHOUT a lowering (`decompositions()`), so a compiled graph runs
+the same lowerings as eager. A graph with nodes no program can hold (no lowering, or a lowering
+that refuses the arguments) is split: the rest runs as compiled pieces, those nodes in eager.
 """
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import operator
+import re
+import sys
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
 import torch.fx
 
 from torch_tpu import _C
+from torch_tpu._internal import compile_meta, xla_options
 
 _DTYPE_INDEX = {
     torch.uint8: 0, torch.int8: 1, torch.int16: 2, torch.int32: 3, torch.int64: 4, torch.float16: 5,
@@ -32,7 +40,11 @@ K_NONE, K_REF, K_REFLIST, K_OPTREFLIST, K_SCALARREF, K_INT, K_INTLIST, K_DOUBLE,
 
 
 class Unsupported(Exception):
-    pass
+    """A graph (or one node of it, `node`) that cannot become part of a program."""
+
+    def __init__(self, msg: str, node: torch.fx.Node | None = None) -> None:
+        super().__init__(msg)
+        self.node = node
 
 
 def _dtype(d: torch.dtype) -> int:
@@ -99,6 +111,12 @@ def _bind(op: torch._ops.OpOverload, args: Sequence[Any], kwargs: dict[str, Any]
     return out
 
 
+def _jax_op_of(op: torch._ops.OpOverload) -> Any:
+    """The jax_op behind a custom op, if torch_tpu.pallas registered it (never imports JAX)."""
+    mod = sys.modules.get("torch_tpu.pallas._jax_op")
+    return None if mod is None else mod.REGISTRY.get(op._schema.name)
+
+
 class _Describer:
     def __init__(self, gm: torch.fx.GraphModule, name: str) -> None:
         self.gm = gm
@@ -109,6 +127,7 @@ class _Describer:
         self.constants: list[torch.Tensor] = []
         self.sym: dict[torch.fx.Node, Any] = {}  # size arithmetic, specialized to its value
         self.rng: dict[torch.fx.Node, int] = {}  # random op -> its generator-state input
+        self.node_of: list[torch.fx.Node] = []  # FX node of each program node (error reports)
 
     def new_id(self) -> int:
         self.next_id += 1
@@ -157,6 +176,28 @@ class _Describer:
             return (name, K_INTLIST, 0, 0.0, "", [int(e) for e in v])
         raise Unsupported(f"argument {name}={v!r}")
 
+    def jax_node(self, n: torch.fx.Node, op: torch._ops.OpOverload, jop: Any) -> tuple:
+        """A jax_op call: the same registered module eager runs, spliced into this program."""
+        bound = _bind(op, n.args, n.kwargs)
+        refs, metas, statics = [], [], []
+        for p, (_a, v) in zip(jop.params, bound, strict=True):
+            if p.tensor:
+                val = v.meta.get("val") if isinstance(v, torch.fx.Node) else None
+                if not isinstance(val, torch.Tensor):
+                    raise Unsupported(f"{op}: argument {p.name} is not a tensor value")
+                refs.append(self.ref(v))
+                metas.append((val.dtype, tuple(int(s) for s in val.shape)))
+            else:
+                c = self._concrete(v)
+                statics.append((p.name, tuple(c) if isinstance(c, list) else c))
+        kernel = jop.kernel(metas, tuple(statics))
+        val = n.meta.get("val")
+        vals = list(val) if isinstance(val, (list, tuple)) else [val]
+        out_ids = [self.new_id() for _ in vals]
+        self.ids[n] = out_ids if isinstance(val, (list, tuple)) else out_ids[0]
+        args = [("args", K_REFLIST, 0, 0.0, "", refs), ("kernel", K_STR, 0, 0.0, kernel.key, [])]
+        return ("jax_call", "", args, out_ids, [_tensor_type(v) for v in vals])
+
     def describe(self) -> tuple[dict[str, Any], list[tuple[str, Any]]]:
         inputs = []
         nodes = []
@@ -196,63 +237,15 @@ class _Describer:
         for n in self.gm.graph.nodes:
             if n.op != "call_function":
                 continue
-            val = n.meta.get("val")
-            if isinstance(val, _NUMBERS):
-                # sym_size, operator.mul on sizes, ..., and int returns of ops (SDPA's max_q)
-                self.sym[n] = self._concrete(val)
-                continue
-            if n.target is operator.getitem and n.args[0] not in self.sym:
-                self.ids[n] = self.ids[n.args[0]][n.args[1]]
-                continue
-            op = n.target
-            if not isinstance(op, torch._ops.OpOverload):
-                raise Unsupported(f"call to {op}")
-            if op is torch.ops.aten.copy_.default and n.args[0] in self.placeholders:
-                mutations.append((self.placeholders.index(n.args[0]), self.ref(n.args[1])))
-                self.ids[n] = self.ref(n.args[1])
-                continue
-            if op is torch.ops.prims.convert_element_type.default:
-                # A dtype conversion: the runtime converts every lowering result to its out dtype.
-                out_id = self.new_id()
-                self.ids[n] = out_id
-                nodes.append(("_to_copy", "", [("self", K_REF, 0, 0.0, "", [self.ref(n.args[0])])], [out_id],
-                              [_tensor_type(n.meta["val"])]))
-                continue
-            if not op._schema.name.startswith("aten::"):
-                raise Unsupported(f"non-aten op {op}")
-            base = op._schema.name[len("aten::"):]
-            if base.endswith("_") and not base.startswith("__"):
-                raise Unsupported(f"in-place op {op} in a functional graph")
-            bound = _bind(op, n.args, n.kwargs)
-            if n in self.rng:
-                if any(a.name == "generator" and v is not None for a, v in bound):
-                    raise Unsupported(f"random op {op} with an explicit generator")
-                bound = [(a, v) for a, v in bound if a.name != "generator"]
-            args = [self.arg(a, v) for a, v in bound]
-            if n in self.rng:
-                args.append(("generator", K_REF, 0, 0.0, "", [self.rng[n]]))
-            val = n.meta.get("val")
-            vals = list(val) if isinstance(val, (list, tuple)) else [val]
-            out_ids, out_types = [], []
-            nested: list[Any] = []  # ids as the value nests them (functional _fused_adamw: lists of lists)
-            for v in vals:
-                if isinstance(v, _NUMBERS):
-                    # An int/SymInt return (SDPA's max_q/max_k): lowerings return tensors only
-                    # (as in eager); uses read the value from the meta (getitem above).
-                    nested.append(None)
-                    continue
-                group = list(v) if isinstance(v, (list, tuple)) else [v]
-                ids = []
-                for e in group:
-                    ids.append(self.new_id() if isinstance(e, torch.Tensor) else -1)
-                    out_types.append(_tensor_type(e) if isinstance(e, torch.Tensor) else (-1, []))
-                out_ids.extend(ids)
-                nested.append(ids if isinstance(v, (list, tuple)) else ids[0])
-            self.ids[n] = out_ids[0] if not isinstance(val, (list, tuple)) else nested
-            nodes.append((base, op._overloadname if op._overloadname != "default" else "", args, out_ids, out_types))
+            try:
+                self._node(n, nodes, mutations)
+            except Unsupported as e:
+                e.node = e.node or n
+                raise
         out_node = next(n for n in self.gm.graph.nodes if n.op == "output")
+        outs = out_node.args[0] if isinstance(out_node.args[0], (list, tuple)) else [out_node.args[0]]
         outputs, output_types, spec = [], [], []
-        for o in out_node.args[0]:
+        for o in outs:
             if isinstance(o, torch.fx.Node) and o in self.placeholders:
                 spec.append(("input", self.placeholders.index(o)))
             elif isinstance(o, torch.fx.Node) and o in self.sym:
@@ -270,48 +263,292 @@ class _Describer:
                 "output_types": output_types, "mutations": mutations, "rng": rng}
         return desc, spec, self.constants
 
+    def _node(self, n: torch.fx.Node, nodes: list[tuple], mutations: list[tuple[int, int]]) -> None:
+        val = n.meta.get("val")
+        if isinstance(val, _NUMBERS):
+            # sym_size, operator.mul on sizes, ..., and int returns of ops (SDPA's max_q)
+            self.sym[n] = self._concrete(val)
+            return
+        if n.target is operator.getitem and n.args[0] not in self.sym:
+            self.ids[n] = self.ids[n.args[0]][n.args[1]]
+            return
+        op = n.target
+        if not isinstance(op, torch._ops.OpOverload):
+            raise Unsupported(f"call to {op}")
+        if op is torch.ops.aten.copy_.default and n.args[0] in self.placeholders:
+            mutations.append((self.placeholders.index(n.args[0]), self.ref(n.args[1])))
+            self.ids[n] = self.ref(n.args[1])
+            return
+        if op is torch.ops.prims.convert_element_type.default:
+            # A dtype conversion: the runtime converts every lowering result to its out dtype.
+            out_id = self.new_id()
+            self.ids[n] = out_id
+            self.node_of.append(n)
+            nodes.append(("_to_copy", "", [("self", K_REF, 0, 0.0, "", [self.ref(n.args[0])])], [out_id],
+                          [_tensor_type(n.meta["val"])]))
+            return
+        jop = _jax_op_of(op)
+        if jop is not None:
+            self.node_of.append(n)
+            nodes.append(self.jax_node(n, op, jop))
+            return
+        ns, _, base = op._schema.name.partition("::")
+        if ns not in ("aten", "torch_tpu"):  # torch_tpu:: ops (ragged_dot) are lowered too
+            raise Unsupported(f"non-aten op {op}")
+        if base.endswith("_") and not base.startswith("__"):
+            raise Unsupported(f"in-place op {op} in a functional graph")
+        bound = _bind(op, n.args, n.kwargs)
+        if n in self.rng:
+            if any(a.name == "generator" and v is not None for a, v in bound):
+                raise Unsupported(f"random op {op} with an explicit generator")
+            bound = [(a, v) for a, v in bound if a.name != "generator"]
+        args = [self.arg(a, v) for a, v in bound]
+        if n in self.rng:
+            args.append(("generator", K_REF, 0, 0.0, "", [self.rng[n]]))
+        val = n.meta.get("val")
+        vals = list(val) if isinstance(val, (list, tuple)) else [val]
+        out_ids, out_types = [], []
+        nested: list[Any] = []  # ids as the value nests them (functional _fused_adamw: lists of lists)
+        for v in vals:
+            if isinstance(v, _NUMBERS):
+                # An int/SymInt return (SDPA's max_q/max_k): lowerings return tensors only
+                # (as in eager); uses read the value from the meta (getitem above).
+                nested.append(None)
+                continue
+            group = list(v) if isinstance(v, (list, tuple)) else [v]
+            ids = []
+            for e in group:
+                ids.append(self.new_id() if isinstance(e, torch.Tensor) else -1)
+                out_types.append(_tensor_type(e) if isinstance(e, torch.Tensor) else (-1, []))
+            out_ids.extend(ids)
+            nested.append(ids if isinstance(v, (list, tuple)) else ids[0])
+        self.ids[n] = out_ids[0] if not isinstance(val, (list, tuple)) else nested
+        self.node_of.append(n)
+        nodes.append((base, op._overloadname if op._overloadname != "default" else "", args, out_ids, out_types))
+
 
 _graph_counter = [0]
 
+# What the backend did with each FX graph it was given (tests and compile_stats() read these).
+STATS = {"graphs": 0, "programs": 0, "partitioned_graphs": 0, "eager_nodes": 0, "eager_graphs": 0}
 
-def compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Callable:
-    """An AOTAutograd compiler: returns a boxed callable running `gm` as one program."""
-    from torch._functorch.aot_autograd import make_boxed_func
+_NODE_ERROR = re.compile(r"graph node (\d+) unsupported")
 
-    _graph_counter[0] += 1
-    name = f"graph{_graph_counter[0]}"
-    try:
-        desc, spec, constants = _Describer(gm, name).describe()
-        missing = _C._graph_unsupported(desc)
-        if missing:
-            raise Unsupported("no lowering for " + ", ".join(sorted(set(missing))))
-        gid = _C._graph_build(desc)
-    except Unsupported as e:
-        warnings.warn(f"torch_tpu: compiled graph runs op by op in eager mode ({e})", stacklevel=2)
-        return make_boxed_func(gm.forward)
 
-    device = next((a.device for a in example_inputs if isinstance(a, torch.Tensor) and a.device.type == "tpu"),
-                  torch.device("tpu"))
-    consts = [c.to(device) for c in constants]
+class _Program:
+    """One FX graph built as one program: call(args) -> outputs in the graph's output order."""
 
-    def run(args: list[Any]) -> list[Any]:
+    def __init__(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any], xla: bytes = b"") -> None:
+        _graph_counter[0] += 1
+        describer = _Describer(gm, f"graph{_graph_counter[0]}")
+        desc, self.spec, constants = describer.describe()
+        desc["compile_options"] = xla
+        for i, (base, *_rest) in enumerate(desc["nodes"]):
+            if not _has_lowering(base):
+                raise Unsupported(f"no lowering for aten::{base}", describer.node_of[i])
+        try:
+            self.gid = _C._graph_build(desc)
+        except RuntimeError as e:
+            m = _NODE_ERROR.search(str(e))
+            if m is None:
+                raise
+            raise Unsupported(str(e), describer.node_of[int(m.group(1))]) from None
+        STATS["programs"] += 1
+        device = next((a.device for a in example_inputs if isinstance(a, torch.Tensor) and a.device.type == "tpu"),
+                      torch.device("tpu"))
+        self.consts = [c.to(device) for c in constants]
+
+    def __call__(self, args: Sequence[Any]) -> list[Any]:
         tensors = [a if isinstance(a, torch.Tensor) else torch.tensor(
             a, dtype=torch.float64 if isinstance(a, float) else torch.int64) for a in args]
-        tensors.extend(consts)
-        outs = torch.ops.torch_tpu.run_graph(gid, tensors)
+        tensors.extend(self.consts)
+        outs = torch.ops.torch_tpu.run_graph(self.gid, tensors)
         result = []
-        for kind, v in spec:
+        for kind, v in self.spec:
             if kind == "out":
                 result.append(outs[v])
             elif kind == "input":
                 result.append(args[v])
             else:
                 result.append(v)
+        return result
+
+
+class _Piece(torch.nn.Module):
+    """A compiled partition inside a split graph (called like the submodule it replaces)."""
+
+    def __init__(self, program: _Program, single: bool) -> None:
+        super().__init__()
+        self.program = program
+        self.single = single
+
+    def forward(self, *args: Any) -> Any:
+        out = self.program(args)
+        return out[0] if self.single else tuple(out)
+
+
+def _lowered_names() -> frozenset[str]:
+    if not _LOWERED:
+        _LOWERED.append(frozenset(_C._lowered_ops()))
+    return _LOWERED[0]
+
+
+_LOWERED: list[frozenset[str]] = []
+
+
+def _has_lowering(base: str) -> bool:
+    return base in _lowered_names()
+
+
+def _node_supported(n: torch.fx.Node, bad: set[str]) -> bool:
+    """Whether a node can go into a compiled piece (a static guess; lowerings that refuse an
+    argument combination are found when building and added to `bad`)."""
+    if n.op != "call_function" or n.name in bad:
+        return False
+    if n.target is operator.getitem:
+        src = n.args[0]
+        return isinstance(src, torch.fx.Node) and _node_supported(src, bad)
+    if isinstance(n.meta.get("val"), _NUMBERS):
+        return True  # size arithmetic
+    op = n.target
+    if not isinstance(op, torch._ops.OpOverload):
+        return False
+    if op is torch.ops.prims.convert_element_type.default:
+        return True
+    if op is torch.ops.aten.copy_.default:
+        return isinstance(n.args[0], torch.fx.Node) and n.args[0].op == "placeholder"
+    name = op._schema.name
+    if not name.startswith("aten::"):
+        return False
+    base = name[len("aten::"):]
+    return _has_lowering(base) and not (base.endswith("_") and not base.startswith("__"))
+
+
+def _split(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], first: Unsupported, xla: bytes) -> Callable:
+    """Runs `gm` as compiled pieces around the nodes no program can hold (those run op by op in
+    eager, between the pieces)."""
+    from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner
+    from torch.fx.passes.operator_support import OperatorSupportBase
+
+    bad: set[str] = {first.node.name} if first.node is not None else set()
+    reasons = {first.node.name: str(first)} if first.node is not None else {}
+
+    class Support(OperatorSupportBase):
+        def is_node_supported(self, submodules: Any, node: torch.fx.Node) -> bool:
+            return _node_supported(node, bad)
+
+    for _ in range(len(gm.graph.nodes) + 1):
+        graph = torch.fx.Graph()
+        out = graph.graph_copy(gm.graph, {})
+        graph.output(out)
+        split = torch.fx.GraphModule(gm, graph)
+        split = CapabilityBasedPartitioner(split, Support(), allows_single_node_partition=True).partition_and_fuse()
+        try:
+            for n in list(split.graph.nodes):
+                if n.op != "call_module":
+                    continue
+                sub = getattr(split, n.target)
+                out_node = next(o for o in sub.graph.nodes if o.op == "output")
+                args = [a.meta.get("val") for a in n.args]
+                program = _Program(sub, args, xla)
+                setattr(split, n.target, _Piece(program, not isinstance(out_node.args[0], (list, tuple))))
+        except Unsupported as e:
+            if e.node is None or e.node.name in bad:
+                raise
+            bad.add(e.node.name)
+            reasons[e.node.name] = str(e)
+            continue
+        eager = [n for n in split.graph.nodes if n.op == "call_function" and not (
+            n.target is operator.getitem and n.args[0].op == "call_module")]
+        STATS["partitioned_graphs"] += 1
+        STATS["eager_nodes"] += len(eager)
+        names = sorted({str(n.target) for n in eager})
+        warnings.warn(f"torch_tpu: compiled graph runs as compiled pieces around {len(eager)} eager op(s): "
+                      + ", ".join(names[:8]), stacklevel=3)
+        return split.forward
+    raise Unsupported("could not split the graph")
+
+
+def compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any],
+                  options: dict[str, Any] | None = None) -> Callable:
+    """An AOTAutograd compiler: returns a boxed callable running `gm` as one program, or (when
+    some node cannot be lowered) as compiled pieces around that node. `options`: XLA options
+    (custom_compiler_options() blocks add theirs)."""
+    from torch._functorch.aot_autograd import make_boxed_func
+
+    from torch_tpu.distributed import _compile as dist_compile
+
+    if dist_compile.has_collectives(gm):  # split at collectives (torch_tpu/distributed/_compile.py)
+        return dist_compile.split_at_collectives(
+            gm, lambda g, inputs: compile_graph(g, inputs, options))
+    STATS["graphs"] += 1
+    xla = xla_options.encode({**(options or {}), **xla_options.current()})
+    try:
+        program = _Program(gm, example_inputs, xla)
+    except Unsupported as e:
+        try:
+            return make_boxed_func(_split(gm, example_inputs, e, xla))
+        except Unsupported as e2:
+            STATS["eager_graphs"] += 1
+            warnings.warn(f"torch_tpu: compiled graph runs op by op in eager mode ({e2})", stacklevel=2)
+            return make_boxed_func(gm.forward)
+
+    def run(args: list[Any]) -> list[Any]:
+        result = program(args)
         args.clear()
         return result
 
     run._boxed_call = True  # type: ignore[attr-defined]
     return run
+
+
+# Python kernels PyTorch installs on these ops' CompositeImplicitAutograd/Autograd keys decompose
+# them during tracing whatever the decomposition table says; native_batch_norm's is kept because
+# functionalization relies on it.
+_KEEP_PY_KERNELS = frozenset({"native_batch_norm", "empty"})
+
+
+@contextlib.contextmanager
+def lowered_ops_stay_whole() -> Iterator[None]:
+    """While AOTAutograd traces: ops with a lowering reach the graph whole (their C++ composite
+    or autograd kernel runs, as in eager) instead of being decomposed by a Python kernel."""
+    from torch._C import DispatchKey
+
+    saved = []
+    if not _PY_KERNEL_OPS:
+        lowered = _lowered_names()
+        for name in lowered - _KEEP_PY_KERNELS:
+            packet = getattr(torch.ops.aten, name, None)
+            for overload in packet.overloads() if packet is not None else []:
+                op = getattr(packet, overload)
+                for key in (DispatchKey.CompositeImplicitAutograd, DispatchKey.Autograd):
+                    if key in op.py_kernels:
+                        _PY_KERNEL_OPS.append((op, key))
+    for op, key in _PY_KERNEL_OPS:
+        if key in op.py_kernels:
+            saved.append((op, key, op.py_kernels.pop(key)))
+            op._dispatch_cache.clear()
+    try:
+        yield
+    finally:
+        for op, key, fn in saved:
+            op.py_kernels[key] = fn
+            op._dispatch_cache.clear()
+
+
+_PY_KERNEL_OPS: list[tuple[torch._ops.OpOverload, Any]] = []
+
+
+def decompositions() -> dict[Any, Callable]:
+    """Core-ATen decompositions minus every op that has its own lowering: compiled graphs run the
+    same lowering (the same math) as eager for those ops."""
+    from torch._decomp import core_aten_decompositions
+
+    table = core_aten_decompositions()
+    lowered = _lowered_names()
+    return {op: fn for op, fn in table.items()
+            if not (isinstance(op, torch._ops.OpOverload) and op._schema.name.startswith("aten::")
+                    and op._schema.name[len("aten::"):] in lowered)}
 
 
 _SUPPORTED_DTYPES = frozenset(_DTYPE_INDEX)
@@ -349,23 +586,45 @@ def register_device_interface() -> None:
     di.register_interface_for_device("tpu", TpuDeviceInterface)
 
 
-class TpuBackend:
-    """The Dynamo backend `"tpu"` (also usable as `torch.compile(m, backend=TpuBackend())`)."""
+# torch.compile modes (docs/compile.md): a compiled graph is already one launch per call (what
+# "reduce-overhead" buys with CUDA graphs elsewhere); "max-autotune" asks XLA for its highest
+# optimization effort (O3) unless options set a level.
+MODES = (None, "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 
-    def __init__(self) -> None:
+
+def _mode_options(mode: str | None) -> dict[str, Any]:
+    if mode not in MODES:
+        raise ValueError(f"torch_tpu: unknown torch.compile mode {mode!r}; expected one of "
+                         + ", ".join(repr(m) for m in MODES if m))
+    return {"xla_optimization_level": "O3"} if mode in ("max-autotune", "max-autotune-no-cudagraphs") else {}
+
+
+class TpuBackend:
+    """The Dynamo backend `"tpu"` (also usable as `torch.compile(m, backend=TpuBackend(options))`).
+
+    `options`: XLA options (see xla_options.py), as `torch.compile(..., options=...)` gives them."""
+
+    def __init__(self, options: dict[str, Any] | None = None) -> None:
         register_device_interface()
-        from torch._decomp import core_aten_decompositions
+        compile_meta.install()
+        self.options = xla_options.validate(options)
+        self._aots: dict[tuple, Callable] = {}
+
+    def _aot(self, options: dict[str, Any]) -> Callable:
         from torch._dynamo.backends.common import aot_autograd
 
-        self._aot = aot_autograd(
-            fw_compiler=compile_graph,
-            bw_compiler=compile_graph,
-            decompositions=core_aten_decompositions(),
-            keep_inference_input_mutations=True,
-        )
+        key = tuple(sorted((k, repr(v)) for k, v in options.items()))
+        if key not in self._aots:
+            compiler = functools.partial(compile_graph, options=options)
+            self._aots[key] = aot_autograd(fw_compiler=compiler, bw_compiler=compiler,
+                                           decompositions=decompositions(), keep_inference_input_mutations=True)
+        return self._aots[key]
 
-    def __call__(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any], **kwargs: Any) -> Callable:
-        return self._aot(gm, example_inputs, **kwargs)
+    def __call__(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any], mode: str | None = None,
+                 options: dict[str, Any] | None = None, **kwargs: Any) -> Callable:
+        opts = {**_mode_options(mode), **self.options, **xla_options.validate(options)}
+        with lowered_ops_stay_whole():
+            return self._aot(opts)(gm, example_inputs, **kwargs)
 
 
 def tpu_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], **kwargs: Any) -> Callable:
@@ -394,11 +653,15 @@ class _DefaultBackend:
 
     def __init__(self, mode: str | None, options: dict[str, Any] | None, dynamic: bool | None) -> None:
         register_device_interface()
-        self._inductor = torch._TorchCompileInductorWrapper(mode, options, dynamic)
+        # xla_* options are for tpu graphs; the rest are Inductor's (it validates them).
+        self._mode = mode
+        self._xla = {k: v for k, v in (options or {}).items() if k.startswith("xla_")}
+        rest = {k: v for k, v in (options or {}).items() if not k.startswith("xla_")}
+        self._inductor = torch._TorchCompileInductorWrapper(mode, rest or None, dynamic)
 
     def __call__(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any], **kwargs: Any) -> Callable:
         if _has_tpu_tensor(example_inputs):
-            return _backend()(gm, example_inputs)
+            return _backend()(gm, example_inputs, mode=self._mode, options=self._xla)
         return self._inductor(gm, example_inputs, **kwargs)
 
     def __eq__(self, other: object) -> bool:  # Dynamo compares backends to reuse caches
@@ -416,6 +679,7 @@ def install_default_backend_routing() -> None:
 
     def compile(model: Any = None, *, backend: Any = "inductor", mode: str | None = None,  # noqa: A001
                 options: dict[str, Any] | None = None, dynamic: bool | None = None, **kwargs: Any) -> Any:
+        compile_meta.install()  # before Dynamo runs the first fake kernels
         if isinstance(backend, str) and backend == "inductor":
             backend = _DefaultBackend(mode, options, dynamic)
             mode = options = None

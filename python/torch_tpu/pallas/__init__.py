@@ -1,0 +1,33 @@
+"""`torch.tpu.pallas`: JAX and Pallas functions as torch ops on tpu tensors.
+
+`jax_op("ns::name", fn)` registers a custom op whose tpu kernel is the JAX function's StableHLO,
+spliced into our programs (strict eager, fused eager, torch.compile graphs). Importing this
+module does not import JAX; registering an op does (pip install 'torch_tpu[jax]').
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from torch_tpu.pallas._jax_op import jax_op
+
+__all__ = ["jax_op", "custom_jax_kernel", "get_pallas_mesh"]
+
+
+def custom_jax_kernel(name: str, fn: Callable[..., Any] | None = None, /, **kwargs: Any) -> Any:
+    """Deprecated name of `jax_op` (kept for scripts written for the reference API)."""
+    warnings.warn("custom_jax_kernel is deprecated; use torch.tpu.pallas.jax_op", DeprecationWarning, stacklevel=2)
+    return jax_op(name, fn, **kwargs)
+
+
+def get_pallas_mesh(axis_names: Sequence[str], mesh_shape: Sequence[int] | None = None,
+                    process_group: Any = None) -> Any:
+    """A JAX mesh over the chips of the multi-chip process group, for jax_op(mesh=...)."""
+    import torch.distributed as dist
+
+    if process_group is None and not (dist.is_available() and dist.is_initialized()):
+        raise RuntimeError("get_pallas_mesh needs the multi-chip process group (torch.distributed initialised "
+                           "with backend 'tpu_dist'); none is initialised")
+    raise NotImplementedError("sharded Pallas meshes are not supported yet: run jax_op kernels per chip")
