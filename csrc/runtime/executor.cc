@@ -1,6 +1,7 @@
 #include "executor.h"
 
 #include <algorithm>
+#include <chrono>
 #include <unordered_map>
 
 #include "compile_cache.h"
@@ -260,6 +261,28 @@ void fused_forget(StorageState* st) {
   if (p.ops == 0) return;
   p.cur.erase(st);
   p.arg_of.erase(st);
+}
+
+double raw_launch_floor_us(int iters) {
+  shlo::Builder b;
+  Type t{shlo::ElemType::F32, {4}};
+  Value x = b.arg(t), y = b.arg(t);
+  auto program = CompileCache::get().get_or_compile_program(b.module({b.add(x, y)}), "raw launch floor", "benchmark");
+  auto& ctx = Context::get();
+  PJRT_Device* dev = ctx.device(0);
+  const float host[4] = {1, 2, 3, 4};
+  auto a = ctx.client().from_host(host, pjrt::ElementType::F32, {4}, dev);
+  auto c = ctx.client().from_host(host, pjrt::ElementType::F32, {4}, dev);
+  const std::vector<PJRT_Buffer*> args{a->raw(), c->raw()};
+  auto run = [&] {
+    std::unique_ptr<pjrt::Event> done;
+    auto outs = program->exe->execute(dev, args, {}, &done);
+    done->wait();
+  };
+  for (int i = 0; i < 100; ++i) run();  // warm-up
+  auto t0 = std::chrono::steady_clock::now();
+  for (int i = 0; i < iters; ++i) run();
+  return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count() / iters;
 }
 
 }  // namespace tpu::runtime

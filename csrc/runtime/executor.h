@@ -46,6 +46,10 @@ void fused_forget(StorageState* st);
 // memory is uninitialized; zeros make reads deterministic). No-op when it has a buffer.
 void ensure_buffer(StorageState& st, shlo::ElemType elem, int64_t numel);
 
+// The floor under strict eager: microseconds per PJRT_LoadedExecutable_Execute + await of a
+// cached 4-element f32 add, measured by a C++ loop over csrc/pjrt (no Python, no dispatch).
+double raw_launch_floor_us(int iters);
+
 // Host-side counters.
 struct DispatchStats {
   int64_t ops = 0;         // lowered op launches (or fused records)
