@@ -83,7 +83,7 @@ def _draws_random(op: torch._ops.OpOverload, args: Sequence[Any], kwargs: dict[s
 
 
 def _rng_increment(n: torch.fx.Node) -> int:
-    """Philox counters a random op consumes, as eager counts them (csrc/aten/execute.cc): the
+    """Philox counters a random op consumes, as eager counts them (csrc/aten/plan_call.cc): the
     largest element count of its outputs and tensor inputs, plus one."""
     numel = 1
     vals: list[Any] = [n.meta.get("val")]
