@@ -35,8 +35,8 @@ class Executor {
   int64_t launches_ = 0;
 };
 
-// Runs a planned op with the executor of the current eager mode.
-void execute(const Plan& plan);
+// Runs a planned op with the executor of the current eager mode (fused eager keeps the plan).
+void execute(Plan& plan);
 
 // Fused eager: launches the pending program (a sync point); forgets a dying storage.
 void fused_flush();
