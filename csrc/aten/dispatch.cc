@@ -253,31 +253,21 @@ bool arg_written(const lowering::OpEntry& entry, const c10::FunctionSchema& sche
   return written;
 }
 
-// Returns false when the op cannot take the lowered path (the caller then falls back).
-bool run_lowered(const c10::OperatorHandle& op, const lowering::OpEntry& entry,
-                 const std::string& base, torch::jit::Stack* stack, std::string* why) {
-  const auto& schema = op.schema();
-  const auto& sargs = schema.arguments();
-  const auto& rets = schema.returns();
-  // An op returning one bool (equal) is lowered to a 0-d bool tensor and read back on the host.
-  const bool bool_result = rets.size() == 1 && rets[0].type()->kind() == c10::TypeKind::BoolType;
-  // So does one un-annotated Tensor[] return: fresh tensors (out-of-place foreach ops, jax_call).
-  const bool list_result = rets.size() == 1 && rets[0].type()->kind() == c10::TypeKind::ListType &&
-                           !rets[0].alias_info();
+// Why a schema's returns cannot take the lowered path, or nullptr. One bool (equal) is lowered
+// to a 0-d bool tensor read back on the host; one un-annotated Tensor[] is a list of fresh
+// tensors (out-of-place foreach ops, jax_call); otherwise tensors or ints, no views.
+const char* unsupported_returns(const std::vector<c10::Argument>& rets, bool bool_result, bool list_result) {
+  if (bool_result || list_result) return nullptr;
   for (const auto& r : rets) {
-    if (bool_result || list_result) break;
-    if (r.type()->kind() != c10::TypeKind::TensorType && !is_int_return(r)) {
-      *why = "returns a non-tensor";
-      return false;
-    }
-    if (r.alias_info() && !r.alias_info()->isWrite()) {
-      *why = "returns a view";
-      return false;
-    }
+    if (r.type()->kind() != c10::TypeKind::TensorType && !is_int_return(r)) return "returns a non-tensor";
+    if (r.alias_info() && !r.alias_info()->isWrite()) return "returns a view";
   }
-  size_t n = sargs.size();
-  auto args = torch::jit::last(*stack, n);
+  return nullptr;
+}
 
+// The call's tpu device (the first tpu tensor or device argument, else 0), or -1 when a tensor
+// has a dtype tpu does not support.
+int call_device(c10::ArrayRef<c10::IValue> args) {
   int device = -1;
   bool any_unsupported = false;
   for (const c10::IValue& v : args) {
@@ -289,16 +279,17 @@ bool run_lowered(const c10::OperatorHandle& op, const lowering::OpEntry& entry,
     if (v.isDevice() && v.toDevice().type() == kTpu && device < 0)
       device = v.toDevice().has_index() ? v.toDevice().index() : 0;
   }
-  if (any_unsupported) {
-    *why = "unsupported dtype";
-    return false;
-  }
-  if (device < 0) device = 0;
+  return any_unsupported ? -1 : std::max(device, 0);
+}
 
-  // 1. Output metadata from PyTorch's meta function, cached by the call's signature (many meta
-  //    functions are Python and cost ~100 us). Scalar values never change output metadata
-  //    when the op has tensor inputs; pure factories (no tensor input) are not cached.
-  //    Ops returning nothing (in-place list ops) or a bool need no output metadata.
+// Output metadata from PyTorch's meta function, cached by the call's signature (many meta
+// functions are Python and cost ~100 us). Scalar values never change output metadata when the
+// op has tensor inputs; pure factories (no tensor input) are not cached. Ops returning nothing
+// (in-place list ops) or a bool need no output metadata. Null (with `why`) when meta fails.
+std::shared_ptr<const MetaResult> output_meta(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args,
+                                              bool bool_result, bool list_result, std::string* why) {
+  const auto& rets = op.schema().returns();
+  const size_t n = args.size();
   std::string mkey;
   std::shared_ptr<const MetaResult> mr;
   if (rets.empty() || bool_result) {
@@ -315,7 +306,7 @@ bool run_lowered(const c10::OperatorHandle& op, const lowering::OpEntry& entry,
     if (!op.hasKernelForDispatchKey(c10::DispatchKey::Meta) &&
         !op.hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutograd)) {
       *why = "no meta function";
-      return false;
+      return nullptr;
     }
     torch::jit::Stack meta;
     meta.reserve(n);
@@ -324,7 +315,7 @@ bool run_lowered(const c10::OperatorHandle& op, const lowering::OpEntry& entry,
       op.callBoxed(&meta);
     } catch (const std::exception& e) {
       *why = std::string("meta function failed: ") + e.what();
-      return false;
+      return nullptr;
     }
     auto res = std::make_shared<MetaResult>();
     for (size_t i = 0; i < rets.size(); ++i) {
@@ -354,12 +345,19 @@ bool run_lowered(const c10::OperatorHandle& op, const lowering::OpEntry& entry,
     }
   }
 
-  // 2. Outputs: in-place/out= returns alias an argument (resized if meta resized it);
-  //    functional returns are fresh tensors with the meta strides.
-  c10::DeviceGuard guard(c10::Device(kTpu, static_cast<c10::DeviceIndex>(device)));
+  return mr;
+}
+
+// Outputs: in-place/out= returns alias an argument (resized if meta resized it); functional
+// returns are fresh tensors with the meta strides.
+std::vector<at::Tensor> allocate_outputs(const c10::FunctionSchema& schema, c10::ArrayRef<c10::IValue> args,
+                                         const MetaResult& meta, bool list_result, int device) {
+  const auto& sargs = schema.arguments();
+  const auto& rets = schema.returns();
+  const size_t n = args.size();
   std::vector<at::Tensor> outs;
-  for (size_t i = 0; i < mr->outs.size(); ++i) {
-    const MetaOut& m = mr->outs[i];
+  for (size_t i = 0; i < meta.outs.size(); ++i) {
+    const MetaOut& m = meta.outs[i];
     if (m.int_value) continue;  // not a tensor: pushed back in place below
     if (m.dtype == c10::ScalarType::Undefined) {
       outs.emplace_back();
@@ -385,9 +383,17 @@ bool run_lowered(const c10::OperatorHandle& op, const lowering::OpEntry& entry,
     }
   }
 
-  // Arguments mutated but not returned (batch norm's running stats, the tensor lists of in-place
-  // list ops such as the fused optimizers: every element) become extra outputs after the
-  // returns, in argument order.
+  return outs;
+}
+
+// Arguments mutated but not returned (batch norm's running stats, the tensor lists of in-place
+// list ops such as the fused optimizers: every element) become extra outputs after the
+// returns, in argument order.
+void append_mutated_args(const lowering::OpEntry& entry, const c10::FunctionSchema& schema,
+                         c10::ArrayRef<c10::IValue> args, std::vector<at::Tensor>& outs) {
+  const auto& sargs = schema.arguments();
+  const auto& rets = schema.returns();
+  const size_t n = args.size();
   for (size_t j = 0; j < n; ++j) {
     if (args[j].isTensorList()) {
       if (!arg_written(entry, schema, args, j)) continue;
@@ -406,10 +412,17 @@ bool run_lowered(const c10::OperatorHandle& op, const lowering::OpEntry& entry,
     if (!returned) outs.push_back(args[j].toTensor());
   }
 
-  // 3. PyTorch's result type over tensor and scalar arguments (the computation dtype).
+}
+
+// The named arguments the planner reads, and PyTorch's result type over tensor and scalar
+// arguments (the computation dtype; the first output's dtype when there is none).
+c10::ScalarType named_args(const lowering::OpEntry& entry, const c10::FunctionSchema& schema,
+                           c10::ArrayRef<c10::IValue> args, const std::vector<at::Tensor>& outs,
+                           std::vector<NamedArg>& named) {
+  const auto& sargs = schema.arguments();
+  const size_t n = args.size();
   at::native::ResultTypeState rts{};
   bool any = false;
-  std::vector<NamedArg> named;
   named.reserve(n);
   for (size_t j = 0; j < n; ++j) {
     NamedArg a{sargs[j].name(), args[j], hint_of(sargs[j].type())};
@@ -453,6 +466,36 @@ bool run_lowered(const c10::OperatorHandle& op, const lowering::OpEntry& entry,
   c10::ScalarType common = any ? at::native::result_type(rts) : fallback_common;
   if (!supported_dtype(common)) common = fallback_common;
 
+  return common;
+}
+
+// Returns false (with `why`) when the op cannot take the lowered path (the caller falls back).
+bool run_lowered(const c10::OperatorHandle& op, const lowering::OpEntry& entry,
+                 const std::string& base, torch::jit::Stack* stack, std::string* why) {
+  const auto& schema = op.schema();
+  const auto& rets = schema.returns();
+  const bool bool_result = rets.size() == 1 && rets[0].type()->kind() == c10::TypeKind::BoolType;
+  const bool list_result = rets.size() == 1 && rets[0].type()->kind() == c10::TypeKind::ListType &&
+                           !rets[0].alias_info();
+  if (const char* bad = unsupported_returns(rets, bool_result, list_result)) {
+    *why = bad;
+    return false;
+  }
+  const size_t n = schema.arguments().size();
+  auto args = torch::jit::last(*stack, n);
+  const int device = call_device(args);
+  if (device < 0) {
+    *why = "unsupported dtype";
+    return false;
+  }
+  std::shared_ptr<const MetaResult> mr = output_meta(op, args, bool_result, list_result, why);
+  if (!mr) return false;
+
+  c10::DeviceGuard guard(c10::Device(kTpu, static_cast<c10::DeviceIndex>(device)));
+  std::vector<at::Tensor> outs = allocate_outputs(schema, args, *mr, list_result, device);
+  append_mutated_args(entry, schema, args, outs);
+  std::vector<NamedArg> named;
+  const c10::ScalarType common = named_args(entry, schema, args, outs, named);
   run_lowering(base, schema.overload_name(), entry, named, outs, common);
 
   torch::jit::drop(*stack, n);
