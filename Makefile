@@ -13,7 +13,7 @@ export MAX_JOBS ?= 2
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 
-.PHONY: demo test conformance bench build deps lint clean
+.PHONY: demo dist-demo test conformance bench build deps lint clean
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -35,6 +35,10 @@ build: deps
 
 demo: build
 	$(PY) examples/minilm_demo.py
+
+# 2 processes, one chip each: tensor-parallel tiny Llama generate (docs/distributed.md).
+dist-demo: build
+	$(PY) examples/dist_demo.py
 
 test: build
 	$(PY) -m pytest tests -x -q -p no:cacheprovider --timeout=900

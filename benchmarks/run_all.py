@@ -27,6 +27,7 @@ BENCHMARKS = {
     "fused": "bench_fused",
     "grouped_mm": "bench_grouped_mm",
     "models_hf": "bench_models_hf",
+    "distributed": "bench_distributed",
     "cold_warm": "bench_cold_warm",
 }
 

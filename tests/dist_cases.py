@@ -285,6 +285,9 @@ def mismatched_shapes() -> str:
     except RuntimeError as e:
         assert "different arguments across ranks" in str(e), e
         assert "rank 0: float32[3]" in str(e) and "rank 1: float32[4]" in str(e), e
+        y = torch.ones(3, device=TPU)
+        dist.all_reduce(y)  # the group still works after the error
+        same(y, torch.full((3,), float(world())), "all_reduce after a mismatch")
         return str(e)
     raise AssertionError("mismatched shapes did not raise")
 
@@ -739,3 +742,54 @@ def fsdp_x_tp_2d() -> list[float]:
         torch.testing.assert_close(p.full_tensor().cpu(), q.detach(), rtol=1e-4, atol=1e-5,
                                    msg=lambda m, n=n: f"{n}: {m}")
     return losses
+
+
+@case
+def zero_copy_safety() -> str:
+    """In-place collectives on aliased buffers must not leak into other tensors."""
+    n = world()
+    a = torch.ones(5, device=TPU)
+    keep = a.clone()  # may share a's PJRT buffer internally: must stay ones
+    alias = a.view(5)  # shares a's storage: must see the result
+    dist.all_reduce(a)
+    same(a, torch.full((5,), float(n)), "all_reduce result")
+    same(alias, torch.full((5,), float(n)), "view of the reduced tensor")
+    same(keep, torch.ones(5), "clone taken before the collective")
+    same(torch.ones(5, device=TPU), torch.ones(5), "a fresh ones() after an in-place collective")
+    b = torch.zeros(5, device=TPU) + rank()
+    c = b * 1  # b's buffer is read by this op
+    dist.broadcast(b, src=0)
+    same(c, torch.full((5,), float(rank())), "tensor computed from the broadcast input before it")
+    same(b, torch.zeros(5), "broadcast result")
+    s = torch.arange(10.0, device=TPU)[2:7]  # a view: staged path
+    dist.all_reduce(s)
+    same(s, torch.arange(2.0, 7.0) * n, "all_reduce of a view")
+    return "ok"
+
+
+@case
+def compiled_tp_decode() -> dict[str, Any]:
+    """Transformers tp_plan Llama, forward compiled with backend="tpu", static KV cache: greedy
+    tokens equal eager, and a second generate builds no graph and no program."""
+    import torch_tpu
+    from transformers import AutoModelForCausalLM
+    from transformers.distributed import DistributedConfig
+
+    path = _hf_saved("llama")
+    tp = AutoModelForCausalLM.from_pretrained(path, distributed_config=DistributedConfig(tp_plan="auto"))
+    ids = torch.tensor([[1, 5, 9, 3, 7, 11]], device=TPU)
+    eager = tp.generate(ids, max_new_tokens=6, do_sample=False).cpu().tolist()
+    tp.forward = torch.compile(tp.forward, backend="tpu")
+    kw = {"max_new_tokens": 6, "do_sample": False, "cache_implementation": "static"}
+    misses0 = torch_tpu.cache_stats()["misses"]
+    first = tp.generate(ids, **kw).cpu().tolist()
+    warm_misses = torch_tpu.cache_stats()["misses"] - misses0
+    torch._dynamo.utils.counters.clear()
+    misses1 = torch_tpu.cache_stats()["misses"]
+    second = tp.generate(ids, **kw).cpu().tolist()
+    graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+    misses = torch_tpu.cache_stats()["misses"] - misses1
+    assert first == eager and second == eager, (first, second, eager)
+    assert graphs == 0 and misses == 0, (graphs, misses)
+    return {"tokens_equal_eager": True, "new_graphs_after_warmup": graphs, "program_misses_after_warmup": misses,
+            "programs_built_in_warmup": warm_misses}

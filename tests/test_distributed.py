@@ -45,6 +45,10 @@ def test_functional_collectives(pool: Pool) -> None:
     pool.ok("functional_collectives")
 
 
+def test_zero_copy_collectives_do_not_leak(pool: Pool) -> None:
+    pool.ok("zero_copy_safety")
+
+
 def test_new_group(pool: Pool) -> None:
     assert pool.ok("new_group_subgroups") == [[0, 2], [1, 2]]
 
@@ -175,3 +179,38 @@ def test_diffusers_flux_pipeline_with_parallel_transformer(pool: Pool) -> None:
 def test_compiled_tensor_parallel_splits_at_collectives(pool: Pool) -> None:
     res = pool.ok("compiled_tp_mlp", timeout=300)
     assert all(x["new_graphs_after_warmup"] == 0 and x["program_misses"] == 0 for x in res), res
+
+
+def test_spawn_helper_and_torch_tpu_distributed_alias() -> None:
+    code = (
+        "import os, sys, torch, torch.distributed as dist\n"
+        "def fn(rank, out):\n"
+        "    dist.init_process_group()\n"
+        "    x = torch.full((2,), float(rank + 1), device='tpu'); dist.all_reduce(x)\n"
+        "    open(os.path.join(out, str(rank)), 'w').write(str(x.cpu().tolist()))\n"
+        "    dist.destroy_process_group()\n"
+        "if __name__ == '__main__':\n"
+        "    import torch.tpu.distributed as td\n"
+        "    assert td is torch.tpu.distributed and 'tpu_dist' in td.BACKEND_NAMES\n"
+        "    td.spawn(fn, nprocs=2, args=(sys.argv[1],))\n"
+    )
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as d:
+        script = os.path.join(d, "spawn_case.py")
+        with open(script, "w") as f:
+            f.write(code)
+        env = dict(os.environ)
+        env.pop("TORCH_TPU_NUM_DEVICES", None)
+        p = subprocess.run([sys.executable, script, d], cwd=REPO, env=env, capture_output=True, text=True,
+                           timeout=120)
+        assert p.returncode == 0, p.stderr[-3000:]
+        for r in range(2):
+            with open(os.path.join(d, str(r))) as f:
+                assert f.read() == "[3.0, 3.0]"
+
+
+def test_compiled_tp_decode_no_recompiles(pool: Pool) -> None:
+    res = pool.ok("compiled_tp_decode", timeout=300)
+    if os.environ.get("TORCH_TPU_DIST_TABLE"):
+        print(json.dumps(res[0]))

@@ -184,6 +184,19 @@ def test_donate_argnums() -> None:
     xt = x.to("tpu")
     out = inc(xt)
     torch.testing.assert_close(out.cpu(), x + 1)
+    # The output took over the donated buffer (written in place by the program); the donated
+    # input is left without device memory, as a donated jax.Array is deleted.
+    assert out.untyped_storage().data_ptr() != xt.untyped_storage().data_ptr()
+    assert xt.cpu().abs().max().item() == 0
+
+    @jax_op("tpu_test::sum_and_double", donate_argnums=(1,))
+    def sum_and_double(x: jax.Array, y: jax.Array) -> tuple[jax.Array, jax.Array]:
+        return x.sum(), y * 2  # y is paired with the second output (same shape and dtype)
+
+    y = torch.randn(3, 4)
+    s_, d_ = sum_and_double(torch.ones(2).to("tpu"), y.to("tpu"))
+    torch.testing.assert_close(s_.cpu(), torch.tensor(2.0))
+    torch.testing.assert_close(d_.cpu(), y * 2)
 
     def scaled(x: jax.Array, k: float) -> jax.Array:
         return x * k

@@ -2,7 +2,9 @@
 // (JAX-exported) StableHLO module on tpu tensors. The tpu kernel is the generic boxed kernel
 // (lowering `jax_call`, csrc/lowering/jax_call.cc), so strict eager, fused eager and compiled
 // graphs all splice the module into their program; the Meta kernel answers output metadata
-// from the registered result types.
+// from the registered result types. `jax_call_out(args, kernel, out)` writes the results into
+// given tensors instead (donation: a donated input is one of them, so its buffer is aliased);
+// `_move_buffer` then hands that buffer to a fresh tensor, `_release_buffer` drops one.
 #include <ATen/core/Tensor.h>
 #include <torch/library.h>
 
@@ -35,11 +37,28 @@ void release_buffer(const at::Tensor& t) {
   st.buffer.reset();
 }
 
+// Donation: `dst` (a fresh tensor of the same size) takes over `src`'s device buffer, which the
+// kernel just wrote in place; `src` is left without one, as a donated jax.Array is deleted.
+void move_buffer(const at::Tensor& src, const at::Tensor& dst) {
+  TORCH_CHECK(src.device() == dst.device() && src.device().type() == kTpu,
+              "_move_buffer: both tensors must be on one tpu device");
+  runtime::StorageState& s = state_of(src);
+  runtime::StorageState& d = state_of(dst);
+  TORCH_CHECK(&s != &d && s.nbytes == d.nbytes, "_move_buffer: needs two storages of the same size");
+  fused_flush();
+  std::scoped_lock lock(s.mu, d.mu);
+  d.buffer = std::move(s.buffer);
+  d.elem = s.elem;
+  s.buffer.reset();
+}
+
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(torch_tpu, m) {
   m.def("jax_call(Tensor[] args, str kernel) -> Tensor[]");
+  m.def("jax_call_out(Tensor[] args, str kernel, Tensor(a!)[] out) -> ()");
   m.def("_release_buffer(Tensor(a!) t) -> ()");
+  m.def("_move_buffer(Tensor(a!) src, Tensor(b!) dst) -> ()");
 }
 
 TORCH_LIBRARY_IMPL(torch_tpu, Meta, m) {
@@ -48,6 +67,7 @@ TORCH_LIBRARY_IMPL(torch_tpu, Meta, m) {
 
 TORCH_LIBRARY_IMPL(torch_tpu, PrivateUse1, m) {
   m.impl("_release_buffer", release_buffer);
+  m.impl("_move_buffer", move_buffer);
 }
 
 }  // namespace tpu::aten

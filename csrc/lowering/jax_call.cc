@@ -53,7 +53,9 @@ ForeignModule foreign_module(const std::string& key) {
 namespace {
 using namespace tpu::lowering;
 
-TPU_LOWER(jax_call) {
+// jax_call returns fresh results; jax_call_out writes them into `out` (a donated input may be
+// among them: its storage is then read and written, so the program aliases its buffer).
+std::vector<Value> foreign_call(Builder& b, const OpCall& c) {
   ForeignModule m = foreign_module(c.str("kernel"));
   const Arg& a = c.arg("args");
   std::vector<Value> args;
@@ -80,4 +82,7 @@ TPU_LOWER(jax_call) {
   b.add_functions(m.key, m.text);
   return b.call(m.callee, args, c.outs);
 }
+
+TPU_LOWER(jax_call) { return foreign_call(b, c); }
+TPU_LOWER(jax_call_out) { return foreign_call(b, c); }
 }  // namespace

@@ -6,6 +6,7 @@ TORCH_DEVICE_BACKEND_AUTOLOAD=0 to opt out); `import torch_tpu` works as well.
 
 from __future__ import annotations
 
+import os
 import sys
 import types
 from typing import Any
@@ -14,6 +15,7 @@ __all__ = [
     "EagerMode",
     "explain",
     "cache_stats",
+    "compile_stats",
     "dispatch_stats",
     "fallback_stats",
     "reset_cache_stats",
@@ -31,14 +33,31 @@ def _configure_plugin() -> None:
     from torch_tpu import _C, _plugin
 
     try:
-        path, _how = _plugin.find_plugin()
+        path, how = _plugin.find_plugin()
+        _plugin.bind_process_chip(how)
     except RuntimeError as e:
-        # Keep `import torch` working; the first tpu op raises with this message.
-        _C._configure("", _plugin.num_devices())
+        # Keep `import torch` working; the first tpu op raises, naming the path it tried.
+        _C._configure(os.environ.get("TORCH_TPU_PJRT_PLUGIN", ""), _plugin.num_devices())
         _state["plugin_error"] = str(e)
         return
     _C._configure(path, _plugin.num_devices())
 
+
+
+def _lazy_module(name: str) -> types.ModuleType:
+    """`name` registered in sys.modules, executed when an attribute is first read."""
+    import importlib.util
+
+    spec = importlib.util.find_spec(name)
+    assert spec is not None and spec.loader is not None
+    loader = importlib.util.LazyLoader(spec.loader)
+    spec.loader = loader
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    loader.exec_module(module)
+    parent, _, child = name.rpartition(".")
+    setattr(sys.modules[parent], child, module)  # as the import system does for a loaded submodule
+    return module
 
 
 def _autoload() -> None:
@@ -71,18 +90,17 @@ def _autoload() -> None:
     _torch.backends.tpu = backends  # type: ignore[attr-defined]
     sys.modules["torch.backends.tpu"] = backends
 
-    # torch.tpu.pallas / torch.tpu.ops (importing them does not import JAX).
-    from torch_tpu import ops as tpu_ops
-    from torch_tpu import pallas as tpu_pallas
-
-    for sub_name, sub in (("pallas", tpu_pallas), ("ops", tpu_ops)):
+    # torch.tpu.pallas / torch.tpu.ops: loaded on first attribute access (neither imports JAX).
+    for sub_name in ("pallas", "ops"):
+        sub = _lazy_module(f"torch_tpu.{sub_name}")
         setattr(device_module, sub_name, sub)
         sys.modules[f"torch.tpu.{sub_name}"] = sub
 
     from torch_tpu._internal import compile as tpu_compile
-    from torch_tpu._internal import execution_mode, integrations
+    from torch_tpu._internal import execution_mode, integrations, progress
 
     integrations.install()
+    progress.install()
 
     tpu_compile.install_default_backend_routing()
     execution_mode._init_from_env()
@@ -138,3 +156,11 @@ def dispatch_stats() -> dict[str, int]:
 
 def lowered_ops() -> list[str]:
     return list(_C._lowered_ops())
+
+
+def compile_stats() -> dict[str, int]:
+    """What the torch.compile backend did: FX graphs received, XLA programs built, graphs split
+    into compiled pieces around eager nodes (and those nodes), graphs run op by op."""
+    from torch_tpu._internal import compile as tpu_compile
+
+    return dict(tpu_compile.STATS)

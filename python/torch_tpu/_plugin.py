@@ -56,3 +56,19 @@ def num_devices() -> int:
     if n < 1:
         raise RuntimeError(f"TORCH_TPU_NUM_DEVICES must be a positive integer, got {n}")
     return n
+
+
+def bind_process_chip(how: str) -> None:
+    """Under torchrun-style launches (LOCAL_RANK, LOCAL_WORLD_SIZE > 1) each process owns one chip,
+    seen as tpu:0. The CPU plugin already gives every process its own client (one device unless
+    TORCH_TPU_NUM_DEVICES says otherwise); on a TPU host libtpu is told, before its client
+    starts, to expose only chip LOCAL_RANK as a one-chip slice (the libtpu environment variables
+    JAX and torch_xla use for one process per chip). Settings the user made are kept.
+    Not exercised on this CPU-only CI; see docs/distributed.md."""
+    local, local_world = os.environ.get("LOCAL_RANK"), os.environ.get("LOCAL_WORLD_SIZE")
+    if how != "libtpu" or local is None or local_world is None or int(local_world) <= 1:
+        return
+    os.environ.setdefault("TPU_VISIBLE_CHIPS", local)
+    os.environ.setdefault("TPU_CHIPS_PER_PROCESS_BOUNDS", "1,1,1")
+    os.environ.setdefault("TPU_PROCESS_BOUNDS", "1,1,1")
+    os.environ.setdefault("TPU_PROCESS_PORT", str(8476 + int(local)))

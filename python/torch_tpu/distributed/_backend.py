@@ -69,7 +69,13 @@ def _create(store: Any, rank: int, size: int, timeout: datetime.timedelta) -> An
     return gloo
 
 
-def _state(pg_obj: Any) -> _GroupState:
+_mode = threading.local()  # per call: complete on the calling thread (the caller waits at once)
+
+
+def _state(pg_obj: Any, async_op: bool = True) -> _GroupState:
+    # async_op=False: the caller (dist.all_reduce(...) without async_op) waits right away, so the
+    # results are finished on this thread instead of in a callback on gloo's thread.
+    _mode.inline = not async_op
     pg = dist.ProcessGroup.unbox(pg_obj)
     backend = pg._get_backend(torch.device("tpu"))
     st = _states.get(id(backend))
@@ -113,6 +119,28 @@ def _host(t: torch.Tensor) -> torch.Tensor:
             "init_process_group('cpu:gloo,tpu:tpu_dist') so CPU tensors use gloo"
         )
     return t.detach().to("cpu").contiguous()
+
+
+def _zero_copy() -> bool:
+    return os.environ.get("TORCH_TPU_DIST_ZERO_COPY", "1") != "0"
+
+
+def _view(t: torch.Tensor, writable: bool) -> torch.Tensor | None:
+    """A CPU tensor aliasing `t`'s device buffer (CPU plugin: device memory is host memory), or None.
+
+    csrc/distributed/host_view.cc decides when aliasing is safe; `writable` views are for
+    in-place collectives and need a buffer no other storage or in-flight program shares.
+    """
+    if t.device.type != "tpu" or t.dtype not in _GLOO_DTYPES or not _zero_copy():
+        return None
+    v = torch.ops.tpu_dist.host_view(t.detach(), writable)
+    return v if isinstance(v, torch.Tensor) else None
+
+
+def _host_in(t: torch.Tensor) -> torch.Tensor:
+    """`t` on the host for reading: an alias of its buffer when possible, else a copy."""
+    v = _view(t, False)
+    return v if v is not None else _host(t)
 
 
 def _bytes(t: torch.Tensor) -> torch.Tensor:
@@ -280,7 +308,10 @@ _A2A_CODE = 13
 
 
 # ------------------------------------------------------------------ completion
-def _finish(work: Any, copies: list[tuple[torch.Tensor, Callable[[], torch.Tensor]]], result: Any) -> Any:
+_Copies = list[tuple[torch.Tensor | None, Callable[[], torch.Tensor]]]
+
+
+def _finish(work: Any, copies: _Copies, result: Any) -> Any:
     """A Work that completes after gloo's `work` and the host->device copies of the results."""
     return _chain([work], copies, result)
 
@@ -313,7 +344,17 @@ def _future_of(work: Any) -> torch.futures.Future:
     return fut
 
 
-def _chain(works: list[Any], copies: list[tuple[torch.Tensor, Callable[[], torch.Tensor]]], result: Any) -> Any:
+def _chain(works: list[Any], copies: _Copies, result: Any) -> Any:
+    if getattr(_mode, "inline", False):
+        _mode.inline = False
+        for w in works:
+            w.wait()  # releases the GIL; raises gloo's error (peer died, timeout)
+        with torch.no_grad():
+            for dst, make in copies:
+                v = make()
+                if dst is not None:
+                    dst.copy_(v)
+        return _done_work(result)
     futs = [_future_of(w) for w in works]
     fut = futs[0] if len(futs) == 1 else torch.futures.collect_all(futs)
 
@@ -324,7 +365,9 @@ def _chain(works: list[Any], copies: list[tuple[torch.Tensor, Callable[[], torch
                 x.value()
         with torch.no_grad():
             for dst, make in copies:
-                dst.copy_(make())
+                v = make()
+                if dst is not None:  # None: `make` finished the result in place (aliased buffer)
+                    dst.copy_(v)
         return result
 
     return c10d._create_work_from_future(fut.then(done)).boxed()
@@ -339,7 +382,7 @@ def _done_work(result: Any) -> Any:
 # ------------------------------------------------------------------ kernels
 def _allreduce(tensors: list[torch.Tensor], pg: Any, reduce_op: Any, sparse: Any, async_op: bool = True,
                timeout: int = -1) -> tuple[list[torch.Tensor], Any]:
-    st = _state(pg)
+    st = _state(pg, async_op)
     op = int(reduce_op.op())
     if sparse is not None:
         raise RuntimeError("tpu_dist: sparse all_reduce is not supported")
@@ -349,8 +392,10 @@ def _allreduce(tensors: list[torch.Tensor], pg: Any, reduce_op: Any, sparse: Any
 
 def _reduce_many(st: _GroupState, tensors: list[torch.Tensor], op: int, op_obj: Any, timeout: int,
                  launch: Callable[[Any, list[torch.Tensor], Any], Any], root: int | None = None) -> Any:
-    hosts = [_host(t) for t in tensors]
-    wires = [_pre_reduce(_reduce_wire(h, op), op, op_obj) for h in hosts]
+    # all_reduce in place on the aliased buffers (no copies); reduce may use its input as scratch.
+    views = [_view(t, True) if root is None and not t.is_complex() else None for t in tensors]
+    wires = [_pre_reduce(v if v is not None else _reduce_wire(_host(t), op), op, op_obj)
+             for t, v in zip(tensors, views, strict=True)]
     gop = _wire_op(wires[0], op)
     if root is None:
         o = _opts(c10d.AllreduceOptions, timeout, reduceOp=gop)
@@ -359,13 +404,18 @@ def _reduce_many(st: _GroupState, tensors: list[torch.Tensor], op: int, op_obj: 
     works = [launch(st.gloo, [w], o) for w in wires]
     if root is not None and root != st.rank:
         return _chain(works, [], tensors)
-    copies = [(t, (lambda w=w, t=t: _from_wire(_post_reduce(w, op, st.size), t))) for t, w in zip(tensors, wires, strict=True)]
+    copies: _Copies = []
+    for t, w, v in zip(tensors, wires, views, strict=True):
+        if v is not None:
+            copies.append((None, lambda w=w: _post_reduce(w, op, st.size)))
+        else:
+            copies.append((t, lambda w=w, t=t: _from_wire(_post_reduce(w, op, st.size), t)))
     return _chain(works, copies, tensors)
 
 
 def _allreduce_coalesced(tensors: list[torch.Tensor], pg: Any, reduce_op: Any, async_op: bool = True,
                          timeout: int = -1) -> Any:
-    st = _state(pg)
+    st = _state(pg, async_op)
     op = int(reduce_op.op())
     total = sum(t.numel() for t in tensors)
     _agree(st, "all_reduce_coalesced",
@@ -377,7 +427,7 @@ def _allreduce_coalesced(tensors: list[torch.Tensor], pg: Any, reduce_op: Any, a
 
 def _reduce(tensors: list[torch.Tensor], pg: Any, reduce_op: Any, root_rank: int, root_tensor: int,
             async_op: bool = True, timeout: int = -1) -> Any:
-    st = _state(pg)
+    st = _state(pg, async_op)
     op = int(reduce_op.op())
     _agree(st, "reduce", _signature(st, 3, tensors[0], op=op, root=root_rank), timeout)
     return _reduce_many(st, tensors, op, reduce_op, timeout, lambda g, ws, o: g.reduce(ws, o), root=root_rank)
@@ -385,27 +435,29 @@ def _reduce(tensors: list[torch.Tensor], pg: Any, reduce_op: Any, root_rank: int
 
 def _broadcast(tensors: list[torch.Tensor], pg: Any, root_rank: int, root_tensor: int, async_op: bool = True,
                timeout: int = -1) -> tuple[list[torch.Tensor], Any]:
-    st = _state(pg)
+    st = _state(pg, async_op)
     _agree(st, "broadcast", _signature(st, 4, tensors[0], root=root_rank, count=len(tensors)), timeout)
-    hosts = [_host(t) for t in tensors]
+    views = [_view(t, root_rank != st.rank) for t in tensors]  # receivers write in place
+    hosts = [v if v is not None else _host(t) for t, v in zip(tensors, views, strict=True)]
     wires = [_bytes(h) for h in hosts]
     o = _opts(c10d.BroadcastOptions, timeout, rootRank=root_rank, rootTensor=root_tensor)
     work = st.gloo.broadcast(wires, o)
-    copies = [] if root_rank == st.rank else [
-        (t, (lambda w=w, h=h: _unbytes(w, h))) for t, w, h in zip(tensors, wires, hosts, strict=True)]
+    copies: _Copies = [] if root_rank == st.rank else [
+        (t, (lambda w=w, h=h: _unbytes(w, h))) for t, w, h, v in zip(tensors, wires, hosts, views, strict=True)
+        if v is None]
     return tensors, _finish(work, copies, tensors)
 
 
 def _allgather(outputs: list[list[torch.Tensor]], inputs: list[torch.Tensor], pg: Any, async_op: bool = True,
                timeout: int = -1) -> tuple[list[list[torch.Tensor]], Any]:
-    st = _state(pg)
+    st = _state(pg, async_op)
     inp = inputs[0]
     _agree(st, "all_gather", _signature(st, 5, inp), timeout)
     for o in outputs[0]:
         if o.shape != inp.shape or o.dtype != inp.dtype:
             raise RuntimeError(f"tpu_dist: all_gather output tensors must match the input "
                                f"({inp.dtype}{list(inp.shape)}), got {o.dtype}{list(o.shape)}")
-    h = _bytes(_host(inp))
+    h = _bytes(_host_in(inp))
     outs = [torch.empty_like(h) for _ in outputs[0]]
     work = st.gloo.allgather([outs], [h], _opts(c10d.AllgatherOptions, timeout))
     copies = [(t, (lambda w=w, t=t: _unbytes(w, t))) for t, w in zip(outputs[0], outs, strict=True)]
@@ -414,13 +466,13 @@ def _allgather(outputs: list[list[torch.Tensor]], inputs: list[torch.Tensor], pg
 
 def _allgather_base(output: torch.Tensor, inp: torch.Tensor, pg: Any, async_op: bool = True,
                     timeout: int = -1) -> tuple[torch.Tensor, Any]:
-    st = _state(pg)
+    st = _state(pg, async_op)
     _agree(st, "all_gather_into_tensor", _signature(st, 6, inp), timeout)
     if output.numel() != inp.numel() * st.size or output.dtype != inp.dtype:
         raise RuntimeError(
             f"tpu_dist: all_gather_into_tensor needs an output of {inp.numel() * st.size} "
             f"{inp.dtype} elements (world size x input), got {output.dtype}{list(output.shape)}")
-    h = _bytes(_host(inp))
+    h = _bytes(_host_in(inp))
     out = h.new_empty((h.numel() * st.size,))
     work = st.gloo._allgather_base(out, h.reshape(-1), _opts(c10d.AllgatherOptions, timeout))
     return output, _finish(work, [(output, lambda: _unbytes(out, output).reshape(output.shape))], output)
@@ -428,7 +480,7 @@ def _allgather_base(output: torch.Tensor, inp: torch.Tensor, pg: Any, async_op: 
 
 def _allgather_coalesced(output_lists: list[list[torch.Tensor]], inputs: list[torch.Tensor], pg: Any,
                          async_op: bool = True) -> Any:
-    st = _state(pg)
+    st = _state(pg, async_op)
     _agree(st, "all_gather_coalesced", _signature(st, 7, inputs[0] if inputs else None, count=len(inputs),
                                                   total=sum(t.numel() for t in inputs)))
     works, copies = [], []
@@ -442,7 +494,7 @@ def _allgather_coalesced(output_lists: list[list[torch.Tensor]], inputs: list[to
 
 def _allgather_into_tensor_coalesced(outputs: list[torch.Tensor], inputs: list[torch.Tensor], pg: Any,
                                      async_op: bool = True) -> Any:
-    st = _state(pg)
+    st = _state(pg, async_op)
     _agree(st, "all_gather_into_tensor_coalesced",
            _signature(st, 8, inputs[0] if inputs else None, count=len(inputs),
                       total=sum(t.numel() for t in inputs)))
@@ -457,7 +509,7 @@ def _allgather_into_tensor_coalesced(outputs: list[torch.Tensor], inputs: list[t
 
 def _reduce_scatter_base(output: torch.Tensor, inp: torch.Tensor, pg: Any, reduce_op: Any,
                          async_op: bool = True, timeout: int = -1) -> tuple[torch.Tensor, Any]:
-    st = _state(pg)
+    st = _state(pg, async_op)
     op = int(reduce_op.op())
     _agree(st, "reduce_scatter_tensor", _signature(st, 9, inp, op=op), timeout)
     if inp.numel() != output.numel() * st.size or output.dtype != inp.dtype:
@@ -481,7 +533,7 @@ def _rs_flat(st: _GroupState, outputs: list[torch.Tensor], inputs: list[torch.Te
 
 def _reduce_scatter_tensor_coalesced(outputs: list[torch.Tensor], inputs: list[torch.Tensor], pg: Any,
                                      reduce_op: Any, async_op: bool = True, timeout: int = -1) -> Any:
-    st = _state(pg)
+    st = _state(pg, async_op)
     op = int(reduce_op.op())
     _agree(st, "reduce_scatter_tensor_coalesced",
            _signature(st, 10, inputs[0] if inputs else None, op=op, count=len(inputs),
@@ -491,7 +543,7 @@ def _reduce_scatter_tensor_coalesced(outputs: list[torch.Tensor], inputs: list[t
 
 def _reduce_scatter(outputs: list[torch.Tensor], input_lists: list[list[torch.Tensor]], pg: Any, reduce_op: Any,
                     async_op: bool = True, timeout: int = -1) -> tuple[list[torch.Tensor], Any]:
-    st = _state(pg)
+    st = _state(pg, async_op)
     op = int(reduce_op.op())
     out = outputs[0]
     _agree(st, "reduce_scatter", _signature(st, 11, out, op=op), timeout)
@@ -506,7 +558,7 @@ def _reduce_scatter(outputs: list[torch.Tensor], input_lists: list[list[torch.Te
 
 def _a2a_base(output: torch.Tensor, inp: torch.Tensor, pg: Any, out_splits: list[int], in_splits: list[int],
               async_op: bool = True, timeout: int = -1) -> Any:
-    st = _state(pg)
+    st = _state(pg, async_op)
     n = st.size
     rows_in = list(in_splits) if in_splits else [inp.shape[0] // n] * n
     rows_out = list(out_splits) if out_splits else [output.shape[0] // n] * n
@@ -516,7 +568,7 @@ def _a2a_base(output: torch.Tensor, inp: torch.Tensor, pg: Any, out_splits: list
         raise RuntimeError(f"tpu_dist: all_to_all_single split sizes {rows_in} / {rows_out} do not add up to "
                            f"the input/output first dimensions {inp.shape[0]} / {output.shape[0]}")
     row_in = inp[0].numel() if inp.dim() else 1
-    h = _bytes(_host(inp))
+    h = _bytes(_host_in(inp))
     per = h.numel() // max(inp.numel(), 1) if inp.numel() else 1  # wire elements per tensor element
     out = h.new_empty((output.numel() * per,))
     work = st.gloo.alltoall_base(out, h.reshape(-1), [r * row_in * per for r in rows_out],
@@ -526,7 +578,7 @@ def _a2a_base(output: torch.Tensor, inp: torch.Tensor, pg: Any, out_splits: list
 
 def _alltoall(outputs: list[torch.Tensor], inputs: list[torch.Tensor], pg: Any, async_op: bool = True,
               timeout: int = -1) -> tuple[list[torch.Tensor], Any]:
-    st = _state(pg)
+    st = _state(pg, async_op)
     dt = inputs[0].dtype
     _agree(st, "all_to_all", _signature(st, _A2A_CODE, inputs[0], shape=[],
                                         splits=([t.numel() for t in inputs], [t.numel() for t in outputs])), timeout)
@@ -547,7 +599,7 @@ def _alltoall(outputs: list[torch.Tensor], inputs: list[torch.Tensor], pg: Any, 
 
 def _gather(output_lists: list[list[torch.Tensor]], inputs: list[torch.Tensor], pg: Any, root_rank: int,
             async_op: bool = True, timeout: int = -1) -> Any:
-    st = _state(pg)
+    st = _state(pg, async_op)
     inp = inputs[0]
     _agree(st, "gather", _signature(st, 14, inp, root=root_rank), timeout)
     h = _bytes(_host(inp))
@@ -559,7 +611,7 @@ def _gather(output_lists: list[list[torch.Tensor]], inputs: list[torch.Tensor], 
 
 def _scatter(outputs: list[torch.Tensor], input_lists: list[list[torch.Tensor]], pg: Any, root_rank: int,
              async_op: bool = True, timeout: int = -1) -> tuple[list[torch.Tensor], Any]:
-    st = _state(pg)
+    st = _state(pg, async_op)
     out = outputs[0]
     _agree(st, "scatter", _signature(st, 15, out, root=root_rank), timeout)
     ins = [_bytes(_host(t)) for t in input_lists[0]] if st.rank == root_rank else []
@@ -570,7 +622,7 @@ def _scatter(outputs: list[torch.Tensor], input_lists: list[list[torch.Tensor]],
 
 def _send(tensors: list[torch.Tensor], pg: Any, dst: int, tag: int) -> Any:
     st = _state(pg)
-    hosts = [_bytes(_host(t)) for t in tensors]
+    hosts = [_bytes(_host_in(t)) for t in tensors]
     work = st.gloo.send(hosts, dst, tag)
     return _finish(work, [], tensors)
 
@@ -593,7 +645,7 @@ def _recv_any(tensors: list[torch.Tensor], pg: Any, tag: int) -> Any:
 
 def _barrier(tensor: torch.Tensor, pg: Any, device_ids: list[int], async_op: bool = True,
              timeout: int = -1) -> Any:
-    st = _state(pg)
+    st = _state(pg, async_op)
     return st.gloo.barrier(_opts(c10d.BarrierOptions, timeout)).boxed()
 
 

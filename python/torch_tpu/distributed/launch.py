@@ -17,7 +17,12 @@ def free_port() -> int:
 
 def transport() -> str:
     """Which path tpu collectives take in this process (docs/distributed.md)."""
-    return "gloo (host-staged: device->host copy, gloo collective, host->device copy)"
+    import torch
+
+    platform = torch.tpu.get_device_properties().platform_name
+    if platform == "cpu":
+        return "gloo on the chip's buffers (CPU plugin: device memory is host memory, no copies)"
+    return f"gloo, host-staged ({platform}: device->host copy, gloo collective, host->device copy)"
 
 
 def _entry(rank: int, fn: Callable[..., Any], nprocs: int, port: int, args: tuple[Any, ...]) -> None:

@@ -117,10 +117,7 @@ class JaxOp:
         self.op = torch.library.custom_op(name, self._impl, mutates_args=(), device_types="tpu",
                                           schema=self.schema)
         self.op.register_fake(self._fake)
-        self._custom_backward = False
-        self._setup_default_autograd()
-        self._orig_register_autograd = self.op.register_autograd
-        self.op.register_autograd = self._register_autograd  # type: ignore[method-assign]
+        self._setup_default_autograd()  # register_autograd on the op replaces it
         self.op.jax_op = self  # type: ignore[attr-defined]
         with _lock:
             REGISTRY[self.op._qualname] = self
@@ -211,9 +208,10 @@ class JaxOp:
                 raise ValueError(f"{self.name}: argument '{p.name}' is on {t.device}; jax_op kernels run on tpu "
                                  "tensors")
         k = self.kernel([(t.dtype, tuple(t.shape)) for t in tensors], statics)
-        outs = torch.ops.torch_tpu.jax_call(tensors, k.key)
         if self.donate:
-            _donate(self, tensors, outs)
+            outs = _call_donating(self, tensors, k)
+        else:
+            outs = torch.ops.torch_tpu.jax_call(tensors, k.key)
         return outs[0] if self.n_out is None else tuple(outs)
 
     def _fake(self, *args: Any, **kwargs: Any) -> Any:
@@ -229,15 +227,9 @@ class JaxOp:
         return outs[0] if self.n_out is None else tuple(outs)
 
     # ---- autograd
-    def _register_autograd(self, backward: Callable[..., Any], /, *, setup_context: Callable[..., Any] | None = None
-                           ) -> None:
-        self._custom_backward = True
-        self._orig_register_autograd(backward, setup_context=setup_context)
-
     def _setup_default_autograd(self) -> None:
         """Backward from jax.vjp: a second jax_op taking (inputs..., cotangents...) and returning one
         gradient per float tensor input. Integer inputs get no gradient."""
-        tensor_params = [p for p in self.params if p.tensor]
         holder: dict[str, Any] = {}
 
         def setup_context(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
@@ -262,7 +254,6 @@ class JaxOp:
                     out.append(None)
             return tuple(out)
 
-        del tensor_params
         self.op.register_autograd(backward, setup_context=setup_context)
 
     def __repr__(self) -> str:
@@ -349,13 +340,37 @@ def _ann_of_schema(schema: str) -> Any:
             "float[]": list[float], "bool[]": list[bool]}[schema]
 
 
-def _donate(op: JaxOp, tensors: list[torch.Tensor], outs: list[torch.Tensor]) -> None:
-    """Donated inputs give up their device memory once the kernel is queued, as a donated jax.Array
-    is deleted: the storage's buffer is released (its contents are undefined afterwards)."""
+def _covers_storage(t: torch.Tensor) -> bool:
+    return (t.is_contiguous() and t.storage_offset() == 0
+            and t.numel() * t.element_size() == t.untyped_storage().nbytes())
+
+
+def _call_donating(op: JaxOp, tensors: list[torch.Tensor], k: _foreign.Kernel) -> list[torch.Tensor]:
+    """Donation as JAX does it: each donated input is paired with the first unpaired output of its
+    shape and dtype; the kernel writes that output into the input's own buffer (the program
+    aliases it, so XLA reuses the memory), and a fresh output tensor takes the buffer over. The
+    donated input is left without device memory (reads give zeros), like a deleted jax.Array."""
     tensor_pos = [i for i, p in enumerate(op.params) if p.tensor]
-    for i in op.donate:
-        t = tensors[tensor_pos.index(i)]
-        torch.ops.torch_tpu._release_buffer(t)
+    donated = [tensors[tensor_pos.index(i)] for i in op.donate]
+    dev = tensors[0].device
+    outs: list[torch.Tensor] = [torch.empty(shape, dtype=d, device=dev)
+                                for (_, shape), d in zip(k.out_types, k.out_dtypes(), strict=True)]
+    moved: list[tuple[torch.Tensor, int]] = []
+    for t in donated:
+        j = next((j for j, o in enumerate(outs) if all(j != m for _, m in moved)
+                  and tuple(o.shape) == tuple(t.shape) and o.dtype == t.dtype), None)
+        if j is not None and _covers_storage(t) and all(t is not m for m, _ in moved):
+            outs[j] = t
+            moved.append((t, j))
+    torch.ops.torch_tpu.jax_call_out(tensors, k.key, outs)
+    for t, j in moved:
+        fresh = torch.empty_like(t)
+        torch.ops.torch_tpu._move_buffer(t, fresh)
+        outs[j] = fresh
+    for t in donated:  # donated without a matching output: its memory is released all the same
+        if all(t is not m for m, _ in moved):
+            torch.ops.torch_tpu._release_buffer(t)
+    return outs
 
 
 def _lower_for(jax: Any, fn: Callable[..., Any], avals: Sequence[Any], platform: str) -> Any:
