@@ -288,6 +288,16 @@ def mismatched_shapes() -> str:
         y = torch.ones(3, device=TPU)
         dist.all_reduce(y)  # the group still works after the error
         same(y, torch.full((3,), float(world())), "all_reduce after a mismatch")
+        # Rank 0 small enough to ride in the agreement check, rank 1 not: still an error on both.
+        z = torch.ones(4 if rank() == 0 else 1 << 16, device=TPU)
+        try:
+            dist.all_reduce(z)
+        except RuntimeError as e2:
+            assert "rank 0: float32[4]" in str(e2) and "rank 1: float32[65536]" in str(e2), e2
+        else:
+            raise AssertionError("small vs large all_reduce did not raise")
+        dist.all_reduce(y)
+        same(y, torch.full((3,), float(world() ** 2)), "all_reduce after a small/large mismatch")
         return str(e)
     raise AssertionError("mismatched shapes did not raise")
 
