@@ -318,8 +318,17 @@ def mismatched_dtypes() -> str:
 def cpu_tensor_on_tpu_group() -> str:
     try:
         dist.all_reduce(torch.ones(3))
-    except (RuntimeError, TypeError, ValueError) as e:
-        assert "cpu" in str(e).lower(), e
+    except RuntimeError as e:
+        assert "cpu:gloo,tpu:tpu_dist" in str(e) and ".to('tpu')" in str(e), e
+        try:
+            dist.broadcast(torch.ones(3), src=0)
+        except RuntimeError as e2:
+            assert "cpu:gloo,tpu:tpu_dist" in str(e2), e2
+        else:
+            raise AssertionError("a CPU broadcast on a tpu_dist group did not raise") from None
+        x = torch.ones(3, device=TPU)
+        dist.all_reduce(x)  # the group still works
+        same(x, torch.full((3,), float(world())), "all_reduce after the CPU-tensor error")
         return str(e)
     raise AssertionError("a CPU tensor on a tpu_dist group did not raise")
 

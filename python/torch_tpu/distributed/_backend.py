@@ -776,8 +776,43 @@ def install_kernels() -> None:
         _kernels = lib
 
 
+_NO_CPU = "No backend type associated with device type cpu"
+_CPU_HINT = (
+    "tpu_dist: this process group has no backend for CPU tensors: 'tpu_dist' (and 'tpu') run "
+    "collectives on tpu tensors only. Move the tensor with .to('tpu'), or create the group with "
+    "init_process_group('cpu:gloo,tpu:tpu_dist') so CPU tensors use gloo"
+)
+
+
+def _install_cpu_hint() -> None:
+    """Say which backend to use when a CPU tensor reaches a group that only has tpu_dist.
+
+    c10d raises that error in C++ (ProcessGroup::getBackend, before any backend code runs), so
+    it is rewritten on its way out: every public collective of torch.distributed is wrapped by
+    c10d's `_exception_logger`, which calls `c10d_logger._get_msg_dict` only while handling an
+    exception. We wrap that helper; the success path of every collective is untouched.
+    """
+    import sys
+
+    from torch.distributed import c10d_logger
+
+    orig = c10d_logger._get_msg_dict
+    if getattr(orig, "_tpu_dist", False):
+        return
+
+    def get_msg_dict(func_name: str, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        err = sys.exc_info()[1]
+        if isinstance(err, RuntimeError) and _NO_CPU in str(err) and _states:
+            raise RuntimeError(f"{_CPU_HINT} ({func_name}: {err})") from err
+        return orig(func_name, *args, **kwargs)
+
+    get_msg_dict._tpu_dist = True  # type: ignore[attr-defined]
+    c10d_logger._get_msg_dict = get_msg_dict
+
+
 def register() -> None:
     """Register 'tpu_dist' and 'tpu' as c10d backends for device 'tpu' (idempotent)."""
     for name in BACKEND_NAMES:
         if name.upper() not in dist.Backend._plugins:
             dist.Backend.register_backend(name, _create, devices=["tpu"])
+    _install_cpu_hint()
