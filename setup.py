@@ -6,6 +6,10 @@ import importlib.util
 import os
 
 from setuptools import setup
+
+# `import torch` would load an already installed torch_tpu through the torch.backends entry point
+# (failing when its _C is stale or absent); building needs torch's headers only.
+os.environ["TORCH_DEVICE_BACKEND_AUTOLOAD"] = "0"
 from torch.utils.cpp_extension import BuildExtension, CppExtension
 
 

@@ -21,6 +21,7 @@ from types import FrameType
 from typing import Any
 
 import bench_common  # noqa: F401  (sets HF_HUB_OFFLINE before transformers loads)
+import jax_llama
 import torch
 import torch_tpu
 import transformers
@@ -41,10 +42,13 @@ GOAL_COMPILED_OVER_CPU = 2.5  # compiled decode >= 2.5x faster than CPU eager
 GOAL_COMPILED_OVER_INDUCTOR = 2.0
 GOAL_COMPILED_OVER_STRICT = 4.0
 GOAL_RECOMPILES_PER_TOKEN = 0.0
+GOAL_PREFILL_OVER_CPU = 1.25  # compiled prefill <= 0.8x CPU eager's time
+GOAL_PREFILL_OVER_JAX = 1.0  # compiled prefill <= 1.0x jax.jit's time (benchmarks/jax_llama.py)
 GOAL_COLD_S = 5.0
 GOAL_WARM_S = 0.5
 
 COMPILED, STRICT, CPU, INDUCTOR = "tpu_compiled", "tpu_strict", "cpu_eager", "cpu_inductor"
+JAX = "jax_jit"  # prefill only: the plain jax.numpy reference on the same weights
 VARIANTS = (COMPILED, STRICT, CPU, INDUCTOR)
 
 transformers.utils.logging.disable_progress_bar()
@@ -239,6 +243,18 @@ def measure_runtime() -> dict[str, Any]:
             for name, v in variants.items()
         }
         live = {name: v for name, v in variants.items() if name not in errors}
+        jax_ref = None
+        if jax_llama.available():
+            try:
+                t0 = time.perf_counter()
+                jax_ref = jax_llama.JaxPrefill(model_cpu, ids, MAX_CACHE_LEN)
+                jax_token = jax_ref.run()
+                first_s[JAX] = time.perf_counter() - t0
+            except Exception as e:  # noqa: BLE001 - recorded; the torch variants still run
+                errors[JAX] = f"{type(e).__name__}: {e}"[:2000]
+                jax_ref = None
+        else:
+            errors[JAX] = "jax is not installed (benchmark-only dependency)"
         for v in live.values():  # warm-up: one full prefill + decode each
             v.timed("prefill")
             v.timed("decode")
@@ -267,12 +283,14 @@ def measure_runtime() -> dict[str, Any]:
         fb_before = sum(torch_tpu.fallback_stats().values())
         times: dict[str, dict[str, list[float]]] = {
             "decode": {n: [] for n in live},
-            "prefill": {n: [] for n in live},
+            "prefill": {n: [] for n in live} | ({JAX: []} if jax_ref else {}),
         }
         for _ in range(REPEATS):  # interleaved, so machine load hits every variant alike
             for what in ("decode", "prefill"):
                 for name, v in live.items():
                     times[what][name].append(v.timed(what))
+            if jax_ref:
+                times["prefill"][JAX].append(jax_ref.timed())
         after = torch_tpu.cache_stats()
         cpu_fallbacks = sum(torch_tpu.fallback_stats().values()) - fb_before
 
@@ -290,6 +308,8 @@ def measure_runtime() -> dict[str, Any]:
             agreement[name] = toks
     cpu_toks = agreement.get(CPU)
     token_match = {n: (None if cpu_toks is None else t == cpu_toks) for n, t in agreement.items()}
+    if jax_ref:
+        token_match[JAX + "_first_token"] = cpu_toks is not None and jax_token == cpu_toks[0]
 
     decode_ms = {n: median(ts) * 1e3 / DECODE_TOKENS for n, ts in times["decode"].items()}
     prefill_ms = {n: median(ts) * 1e3 for n, ts in times["prefill"].items()}
@@ -420,7 +440,8 @@ def run() -> dict[str, Any]:
             higher_is_better=True,
         ),
         ratio("prefill compiled/strict", _speedup(pre, STRICT), None, higher_is_better=True),
-        ratio("prefill compiled/cpu", _speedup(pre, CPU), None, higher_is_better=True),
+        ratio("prefill compiled/cpu", _speedup(pre, CPU), GOAL_PREFILL_OVER_CPU, higher_is_better=True),
+        ratio("prefill compiled/jax", _speedup(pre, JAX), GOAL_PREFILL_OVER_JAX, higher_is_better=True),
         ratio("prefill compiled/inductor", _speedup(pre, INDUCTOR), None, higher_is_better=True),
     ]
     others = [
@@ -429,12 +450,12 @@ def run() -> dict[str, Any]:
         ratio("warm compile", ct["warm_s"], GOAL_WARM_S, higher_is_better=False),
     ]
 
-    def ms(d: dict[str, float]) -> str:
-        return ", ".join(f"{n} {d[n]:.1f}" if n in d else f"{n} failed" for n in VARIANTS)
+    def ms(d: dict[str, float], extra: tuple[str, ...] = ()) -> str:
+        return ", ".join(f"{n} {d[n]:.1f}" if n in d else f"{n} failed" for n in VARIANTS + extra)
 
     rec_txt = "n/a" if rec is None else f"{rec:g} (goal 0, {'ok' if others[0]['met'] else 'MISS'})"
     summary = (
-        f"{NAME}: decode ms/token {ms(dec)} | prefill{PREFILL_LEN} ms {ms(pre)} | "
+        f"{NAME}: decode ms/token {ms(dec)} | prefill{PREFILL_LEN} ms {ms(pre, (JAX,))} | "
         + ", ".join(fmt_ratio(r) for r in ratios)
         + f" | recompiles/token {rec_txt} | "
         + ", ".join(_fmt_s(r) for r in others[1:])

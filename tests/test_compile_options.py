@@ -100,3 +100,22 @@ def test_export_to_stablehlo_round_trip() -> None:
     torch.testing.assert_close(out.cpu(), m(x), atol=1e-5, rtol=1e-5)
     with pytest.raises(TypeError, match="ExportedProgram"):
         torch_tpu.export.exported_to_stablehlo(m)  # type: ignore[arg-type]
+
+
+def test_hf_generate_compile_config_reduce_overhead(caplog: pytest.LogCaptureFixture) -> None:
+    import transformers
+
+    torch.manual_seed(0)
+    cfg = transformers.LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                   num_key_value_heads=2, vocab_size=64, max_position_embeddings=64)
+    m = transformers.LlamaForCausalLM(cfg).eval().to("tpu")
+    ids = torch.randint(0, 64, (1, 5)).to("tpu")
+    eager = m.generate(ids, max_new_tokens=6, do_sample=False, cache_implementation="static")
+    before = torch_tpu.compile_stats()
+    with warnings.catch_warnings(), caplog.at_level(logging.WARNING):
+        warnings.simplefilter("error")
+        out = m.generate(ids, max_new_tokens=6, do_sample=False, cache_implementation="static",
+                         compile_config=transformers.CompileConfig(mode="reduce-overhead"))
+    assert not [r for r in caplog.records if "ignoring" in r.getMessage()], caplog.text
+    assert torch_tpu.compile_stats()["programs"] > before["programs"]  # generate did compile
+    assert torch.equal(out.cpu(), eager.cpu())

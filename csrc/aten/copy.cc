@@ -86,6 +86,7 @@ void copy_into(const at::Tensor& dst, const at::Tensor& src) {
   TORCH_CHECK(dst.defined() && src.defined(), "copy_: undefined tensor");
   if (dst.numel() == 0) return;
   bool dst_tpu = dst.device().type() == kTpu, src_tpu = src.device().type() == kTpu;
+  runtime::Context::check_not_forked();  // host reads touch buffers without the client
   // Host transfers and cross-chip copies touch buffers directly: a sync point for fused eager.
   if (!dst_tpu || !src_tpu || dst.device() != src.device()) fused_flush();
   if (dst_tpu) elem_of(dst.scalar_type());  // clear error for unsupported dtypes

@@ -139,12 +139,20 @@ std::string graph_module(const GraphDesc& desc, std::vector<int64_t>& out_numel)
     for (const GType& t : node.out_types)
       call.outs.push_back(Type{t.dtype < 0 ? ElemType::F32 : elem_of(static_cast<c10::ScalarType>(t.dtype)), t.sizes});
     std::vector<Value> res;
-    try {
-      res = entry->fn(b, call);
-    } catch (const lowering::Unsupported& e) {
-      // The Python backend parses "graph node <i>" and runs that node outside the compiled pieces.
-      throw lowering::Unsupported("torch_tpu: graph node " + std::to_string(node_index) + " unsupported (aten::" +
-                                  node.op + "): " + e.what());
+    // Empty results hold no data: zeros of the right type (lowerings need not handle 0-size reads).
+    bool all_empty = !call.outs.empty();
+    for (size_t i = 0; i < call.outs.size(); ++i)
+      all_empty &= node.out_types[i].dtype >= 0 && call.outs[i].numel() == 0;
+    if (all_empty) {
+      for (const Type& t : call.outs) res.push_back(b.zeros(t));
+    } else {
+      try {
+        res = entry->fn(b, call);
+      } catch (const lowering::Unsupported& e) {
+        // The Python backend parses "graph node <i>" and runs that node outside the compiled pieces.
+        throw lowering::Unsupported("torch_tpu: graph node " + std::to_string(node_index) +
+                                    " unsupported (aten::" + node.op + "): " + e.what());
+      }
     }
     TORCH_CHECK(res.size() >= node.out_ids.size() || node.out_ids.empty(),
                 "torch_tpu: lowering of ", node.op, " returned too few values");

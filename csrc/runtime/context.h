@@ -15,6 +15,9 @@ enum class EagerMode : int { DeferNever = 0, DeferNeverLaunchBlocking = 1, Defer
 class Context {
  public:
   static Context& get();
+  // Throws once this process is a fork() child of a process whose client existed: the plugin's
+  // threads and device state do not survive fork, so any use would hang or crash.
+  static void check_not_forked();
   // Plugin choice made by the Python layer (discovery needs importlib); cheap, loads nothing.
   void configure(const std::string& plugin_path, int64_t num_devices);
   bool configured() const;

@@ -6,6 +6,7 @@ TORCH_DEVICE_BACKEND_AUTOLOAD=0 to opt out); `import torch_tpu` works as well.
 
 from __future__ import annotations
 
+import os
 import sys
 import types
 from typing import Any
@@ -14,6 +15,7 @@ __all__ = [
     "EagerMode",
     "explain",
     "cache_stats",
+    "compile_stats",
     "dispatch_stats",
     "fallback_stats",
     "reset_cache_stats",
@@ -34,8 +36,8 @@ def _configure_plugin() -> None:
         path, how = _plugin.find_plugin()
         _plugin.bind_process_chip(how)
     except RuntimeError as e:
-        # Keep `import torch` working; the first tpu op raises with this message.
-        _C._configure("", _plugin.num_devices())
+        # Keep `import torch` working; the first tpu op raises, naming the path it tried.
+        _C._configure(os.environ.get("TORCH_TPU_PJRT_PLUGIN", ""), _plugin.num_devices())
         _state["plugin_error"] = str(e)
         return
     _C._configure(path, _plugin.num_devices())
@@ -95,9 +97,10 @@ def _autoload() -> None:
         sys.modules[f"torch.tpu.{sub_name}"] = sub
 
     from torch_tpu._internal import compile as tpu_compile
-    from torch_tpu._internal import execution_mode, integrations
+    from torch_tpu._internal import execution_mode, integrations, progress
 
     integrations.install()
+    progress.install()
 
     tpu_compile.install_default_backend_routing()
     execution_mode._init_from_env()
@@ -153,3 +156,11 @@ def dispatch_stats() -> dict[str, int]:
 
 def lowered_ops() -> list[str]:
     return list(_C._lowered_ops())
+
+
+def compile_stats() -> dict[str, int]:
+    """What the torch.compile backend did: FX graphs received, XLA programs built, graphs split
+    into compiled pieces around eager nodes (and those nodes), graphs run op by op."""
+    from torch_tpu._internal import compile as tpu_compile
+
+    return dict(tpu_compile.STATS)

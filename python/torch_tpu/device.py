@@ -193,8 +193,20 @@ def set_rng_state_all(new_states: list[torch.Tensor]) -> None:
         set_rng_state(s, i)
 
 
+_in_bad_fork = False
+
+
+def _after_fork_in_child() -> None:
+    global _in_bad_fork
+    if _C._initialized():  # the parent's PJRT client does not survive fork (C++ raises on use)
+        _in_bad_fork = True
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
 def _is_in_bad_fork() -> bool:
-    return False
+    return _in_bad_fork
 
 
 # ---------------------------------------------------------------- memory
@@ -228,6 +240,35 @@ def reset_accumulated_memory_stats(device: _DeviceLike = None) -> None:
 
 def mem_get_info(device: _DeviceLike = None) -> tuple[int, int]:
     return tuple(_C._mem_get_info(_index(device)))  # type: ignore[return-value]
+
+
+def memory_summary(device: _DeviceLike = None, abbreviated: bool = False) -> str:
+    """A readable table of the allocator's statistics, like `torch.cuda.memory_summary()`."""
+    idx = _index(device)
+    stats = memory_stats(idx)
+    free, total = mem_get_info(idx)
+
+    def size(n: int) -> str:
+        for unit in ("B", "KiB", "MiB", "GiB"):
+            if abs(n) < 1024 or unit == "GiB":
+                return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
+            n /= 1024  # type: ignore[assignment]
+        return str(n)
+
+    rows = [("Allocated memory", "allocated_bytes", size), ("Active memory", "active_bytes", size),
+            ("Requested memory", "requested_bytes", size), ("Allocations", "allocation", str),
+            ("Active allocs", "active", str)]
+    line = "=" * 79
+    out = [line, f" torch_tpu memory summary, device tpu:{idx} ({get_device_name(idx)})".ljust(79), line,
+           f" {'Metric':<25}| {'Cur Usage':>11} | {'Peak Usage':>11} | {'Tot Alloc':>11} | {'Tot Freed':>9}",
+           "-" * 79]
+    for label, key, fmt in rows:
+        v = {k: int(stats.get(f"{key}.all.{k}", 0)) for k in ("current", "peak", "allocated", "freed")}
+        out.append(f" {label:<25}| {fmt(v['current']):>11} | {fmt(v['peak']):>11} | "
+                   f"{fmt(v['allocated']):>11} | {fmt(v['freed']):>9}")
+    out += ["-" * 79, f" Device capacity: {size(total)}   free: {size(free)}   "
+            f"OOMs: {int(stats.get('num_ooms', 0))}", line]
+    return "\n".join(out) + "\n"
 
 
 def empty_cache() -> None:

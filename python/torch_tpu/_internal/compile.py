@@ -665,7 +665,8 @@ class _DefaultBackend:
         return self._inductor(gm, example_inputs, **kwargs)
 
     def __eq__(self, other: object) -> bool:  # Dynamo compares backends to reuse caches
-        return isinstance(other, _DefaultBackend) and self._inductor == other._inductor
+        return (isinstance(other, _DefaultBackend) and self._inductor == other._inductor
+                and self._xla == other._xla and self._mode == other._mode)
 
     def __hash__(self) -> int:
         return hash(type(self))

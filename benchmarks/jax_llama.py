@@ -1,0 +1,105 @@
+"""The reference for bench_compile's prefill: the same tiny Llama written with plain `jax.numpy`
+and `jax.jit` (JAX is a benchmark-only dependency), on the same weights and shapes, on JAX's own
+XLA:CPU client. What XLA can do with this model when the program comes from JAX.
+
+One prefill step, as the torch step does it: embeddings, per layer RMSNorm -> GQA attention with
+RoPE (causal) writing K/V into a static cache of `cache_len` -> RMSNorm -> SwiGLU MLP, final norm,
+lm_head on the last position, argmax. `hlo_text()` gives the optimized HLO for comparison with
+ours (TORCH_TPU_DUMP_DIR dumps our StableHLO).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import numpy as np
+import torch
+
+
+def available() -> bool:
+    try:
+        import jax  # noqa: F401
+    except Exception:  # noqa: BLE001 - any import problem: no reference in this run
+        return False
+    return True
+
+
+class JaxPrefill:
+    def __init__(self, model: Any, ids: torch.Tensor, cache_len: int) -> None:
+        import jax
+        import jax.numpy as jnp
+
+        cfg = model.config
+        self.h, self.kvh = cfg.num_attention_heads, cfg.num_key_value_heads
+        self.hd = cfg.hidden_size // self.h
+        self.eps = cfg.rms_norm_eps
+        theta = getattr(cfg, "rope_theta", None) or cfg.rope_parameters["rope_theta"]
+        sd = {k: jnp.asarray(v.detach().float().numpy()) for k, v in model.state_dict().items()}
+        self.layers = cfg.num_hidden_layers
+        self.weights = sd
+        self.ids = jnp.asarray(ids.numpy())
+        n = ids.shape[1]
+        inv = 1.0 / (theta ** (np.arange(0, self.hd, 2, dtype=np.float32) / self.hd))
+        freqs = np.outer(np.arange(n, dtype=np.float32), inv)
+        emb = np.concatenate([freqs, freqs], axis=-1)
+        self.cos, self.sin = jnp.asarray(np.cos(emb)), jnp.asarray(np.sin(emb))
+        self.cache = [jnp.zeros((1, self.kvh, cache_len, self.hd), jnp.float32) for _ in range(2 * self.layers)]
+        self._fn = jax.jit(self._prefill)
+        self._jax = jax
+
+    def _prefill(self, w: dict[str, Any], ids: Any, cos: Any, sin: Any, cache: list[Any]) -> tuple[Any, list[Any]]:
+        import jax
+        import jax.numpy as jnp
+
+        def norm(x: Any, weight: Any) -> Any:
+            return x * jax.lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True) + self.eps) * weight
+
+        def rope(x: Any) -> Any:
+            half = x.shape[-1] // 2
+            rot = jnp.concatenate([-x[..., half:], x[..., :half]], axis=-1)
+            return x * cos + rot * sin
+
+        n = ids.shape[1]
+        x = w["model.embed_tokens.weight"][ids[0]]  # [n, hidden]
+        mask = jnp.tril(jnp.ones((n, n), bool))
+        new_cache = []
+        for i in range(self.layers):
+            p = f"model.layers.{i}."
+            y = norm(x, w[p + "input_layernorm.weight"])
+            q = (y @ w[p + "self_attn.q_proj.weight"].T).reshape(n, self.h, self.hd).transpose(1, 0, 2)
+            k = (y @ w[p + "self_attn.k_proj.weight"].T).reshape(n, self.kvh, self.hd).transpose(1, 0, 2)
+            v = (y @ w[p + "self_attn.v_proj.weight"].T).reshape(n, self.kvh, self.hd).transpose(1, 0, 2)
+            q, k = rope(q), rope(k)
+            kc = jax.lax.dynamic_update_slice(cache[2 * i], k[None], (0, 0, 0, 0))
+            vc = jax.lax.dynamic_update_slice(cache[2 * i + 1], v[None], (0, 0, 0, 0))
+            new_cache += [kc, vc]
+            rep = self.h // self.kvh
+            kk, vv = jnp.repeat(k, rep, axis=0), jnp.repeat(v, rep, axis=0)
+            s = jnp.einsum("hqd,hkd->hqk", q, kk) / np.sqrt(self.hd)
+            s = jnp.where(mask, s, -jnp.inf)
+            a = jax.nn.softmax(s, axis=-1)
+            o = jnp.einsum("hqk,hkd->hqd", a, vv).transpose(1, 0, 2).reshape(n, self.h * self.hd)
+            x = x + o @ w[p + "self_attn.o_proj.weight"].T
+            y = norm(x, w[p + "post_attention_layernorm.weight"])
+            g = y @ w[p + "mlp.gate_proj.weight"].T
+            u = y @ w[p + "mlp.up_proj.weight"].T
+            x = x + (jax.nn.silu(g) * u) @ w[p + "mlp.down_proj.weight"].T
+        x = norm(x[-1:], w["model.norm.weight"])
+        head = w.get("lm_head.weight", w["model.embed_tokens.weight"])
+        logits = x @ head.T
+        return jnp.argmax(logits, axis=-1), new_cache
+
+    def run(self) -> int:
+        tok, cache = self._fn(self.weights, self.ids, self.cos, self.sin, self.cache)
+        self._jax.block_until_ready((tok, cache))
+        return int(tok[0])
+
+    def timed(self, what: str = "prefill") -> float:
+        t0 = time.perf_counter()
+        self.run()
+        return time.perf_counter() - t0
+
+    def hlo_text(self) -> str:
+        lowered = self._fn.lower(self.weights, self.ids, self.cos, self.sin, self.cache)
+        return lowered.compile().as_text()
