@@ -382,7 +382,7 @@ class _Program:
 
     @classmethod
     def rebuild(cls, desc: dict[str, Any], spec: list, constants: list[torch.Tensor],
-                device: torch.device) -> "_Program":
+                device: torch.device) -> _Program:
         """The program a cached description stands for (its XLA executable comes from the
         runtime's compile cache when TORCH_TPU_CACHE_DIR holds it)."""
         self = cls.__new__(cls)
