@@ -509,12 +509,12 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any],
     (custom_compiler_options() blocks add theirs)."""
     from torch._functorch.aot_autograd import make_boxed_func
 
+    from torch_tpu._internal.compile_cache import TpuOutputCode
     from torch_tpu.distributed import _compile as dist_compile
 
     if dist_compile.has_collectives(gm):  # split at collectives (torch_tpu/distributed/_compile.py)
-        return dist_compile.split_at_collectives(
-            gm, lambda g, inputs: compile_graph(g, inputs, options))
-    from torch_tpu._internal.compile_cache import TpuOutputCode
+        return TpuOutputCode(dist_compile.split_at_collectives(
+            gm, lambda g, inputs: compile_graph(g, inputs, options)))
 
     STATS["graphs"] += 1
     xla = xla_options.encode({**(options or {}), **xla_options.current()})
