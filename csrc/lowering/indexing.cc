@@ -446,7 +446,7 @@ TPU_LOWER_CHECKED(scatter_reduce) {
 }
 
 // ---------------------------------------------------------------- advanced indexing
-TPU_LOWER_CHECKED(index) {
+TPU_LOWER_WITH(index, .host_bool_indices = true, .checked = true) {
   Value self = c.tensor("self");
   const Type& o = out_type(c);
   AdvIndex a = adv_index(b, c.arg("indices"), self.shape());

@@ -1,5 +1,6 @@
 #include "device_checks.h"
 
+#include <algorithm>
 #include <atomic>
 #include <cstdlib>
 #include <memory>
@@ -35,16 +36,20 @@ constexpr size_t kMaxPending = 1024;
 
 [[noreturn]] void raise(int32_t code, const std::vector<CheckSource>& sources) {
   auto msg = lowering::check_message(code);
-  std::string what = "a checked op", site;
-  for (const CheckSource& s : sources)
-    if (s.code == code || s.code == 0) {  // 0: any code of a one-op program
-      what = s.what;
-      site = s.site;
-      break;
-    }
+  // Sources with code 0 stand for any check of their op (strict: one op; fused: several
+  // candidates, each named).
+  std::vector<std::string> who;
+  for (const CheckSource& s : sources) {
+    if (s.code != code && s.code != 0) continue;
+    std::string w = s.what + (s.site.empty() ? std::string() : ", launched at " + s.site);
+    if (std::find(who.begin(), who.end(), w) == who.end()) who.push_back(w);
+    if (s.code == code || who.size() >= 4) break;
+  }
   std::string text = msg ? msg->second : "device-side check failed (code " + std::to_string(code) + ")";
-  text += " (device-side check of " + what;
-  text += site.empty() ? std::string(")") : ", launched at " + site + ")";
+  text += " (device-side check of ";
+  if (who.empty()) text += "a checked op";
+  for (size_t i = 0; i < who.size(); ++i) text += (i ? " or " : "") + who[i];
+  text += ")";
   text += ". TPU_LAUNCH_BLOCKING=1 raises at the op itself; TORCH_TPU_DEVICE_CHECKS=0 disables the checks.";
   throw DeviceCheckError(msg ? static_cast<int>(msg->first) : 2, text);
 }
