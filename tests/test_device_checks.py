@@ -33,6 +33,9 @@ CASES: dict[str, tuple[Case, list, list]] = {
     "index_add": (lambda x, i: x.clone().index_add_(0, i, x[: i.numel()]), [2], [-1]),
     "index_copy": (lambda x, i: x.clone().index_copy_(0, i, x[: i.numel()]), [0], [3]),
     "index_fill": (lambda x, i: x.clone().index_fill_(0, i, 5.0), [-1], [3]),
+    # targets of x's 3 rows over 2 classes; -100 (ignore_index) is fine
+    "cross_entropy": (lambda x, i: F.cross_entropy(x, i), [1, -100, 0], [0, 2, 1]),
+    "nll_loss": (lambda x, i: F.nll_loss(x.log_softmax(1), i, reduction="none"), [0, 1, 1], [-1, 0, 0]),
 }
 
 
@@ -72,7 +75,9 @@ def test_eager(name: str, mode: str) -> None:
         assert _x("tpu").sum().item() == 15.0
 
 
-@pytest.mark.parametrize("name", ["getitem", "gather", "embedding", "index_put", "index_select", "take"])
+@pytest.mark.parametrize(
+    "name", ["getitem", "gather", "embedding", "index_put", "index_select", "take", "cross_entropy", "index_copy"]
+)
 def test_compiled(name: str) -> None:
     fn, good, bad = CASES[name]
     exc = _cpu_error(name)

@@ -369,6 +369,12 @@ NllLayout nll_layout(Builder& b, const OpCall& c, ElemType t) {
   for (int64_t i = 0; i < last; ++i) bdims.push_back(i);
   L.onehot = b.compare(Cmp::EQ, b.iota(Type{ElemType::S64, full}, last), b.broadcast_in_dim(tg, full, bdims));
   Value valid = b.compare(Cmp::NE, tg, b.constant_i(c.int_("ignore_index"), ElemType::S64, L.batch));
+  if (b.checking()) {  // forward only (.checked): a target outside [0, C) that is not ignore_index
+    Value out = b.or_(b.compare(Cmp::LT, tg, b.constant_i(0, ElemType::S64, L.batch)),
+                      b.compare(Cmp::GE, tg, b.constant_i(L.C, ElemType::S64, L.batch)));
+    check(b, b.and_(valid, out), CheckKind::Index,
+          "Target is out of bounds (not in [0, " + std::to_string(L.C) + ") and not ignore_index).");
+  }
   Value w;
   if (c.has("weight")) {
     Value wf = b.broadcast_in_dim(b.convert(c.tensor("weight"), t), full, {last});
@@ -427,8 +433,8 @@ static std::vector<Value> lower_nll_backward(Builder& b, const OpCall& c) {
   return {fit(b, gi, o)};
 }
 
-TPU_LOWER(nll_loss_forward) { return lower_nll_forward(b, c); }
-TPU_LOWER(nll_loss2d_forward) { return lower_nll_forward(b, c); }
+TPU_LOWER_CHECKED(nll_loss_forward) { return lower_nll_forward(b, c); }
+TPU_LOWER_CHECKED(nll_loss2d_forward) { return lower_nll_forward(b, c); }
 TPU_LOWER(nll_loss_backward) { return lower_nll_backward(b, c); }
 TPU_LOWER(nll_loss2d_backward) { return lower_nll_backward(b, c); }
 
