@@ -36,6 +36,12 @@ CASES: dict[str, tuple[Case, list, list]] = {
     # targets of x's 3 rows over 2 classes; -100 (ignore_index) is fine
     "cross_entropy": (lambda x, i: F.cross_entropy(x, i), [1, -100, 0], [0, 2, 1]),
     "nll_loss": (lambda x, i: F.nll_loss(x.log_softmax(1), i, reduction="none"), [0, 1, 1], [-1, 0, 0]),
+    # one_hot's composite scatters (checked) on tpu; CPU raises RuntimeError too
+    "one_hot": (lambda x, i: F.one_hot(i, 3), [2, 0], [3]),
+    "max_unpool2d": (lambda x, i: F.max_unpool2d(x.view(1, 1, 3, 2)[:, :, :2], i.view(1, 1, 2, 2), 2), [0, 1, 2, 15],
+                     [0, 1, 2, 16]),
+    "multinomial": (lambda x, i: torch.multinomial(i.to(x.dtype), 1) * 0, [0.5, 1.0], [0.5, -0.1]),
+    "multinomial_sum": (lambda x, i: torch.multinomial(i.to(x.dtype), 1) * 0, [0.0, 1.0], [0.0, 0.0]),
 }
 
 

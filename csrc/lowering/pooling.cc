@@ -492,6 +492,12 @@ std::vector<Value> max_unpool_nd(Builder& b, const OpCall& c, size_t nsp) {
   if (planes == 0 || plane == 0 || x.type.numel() == 0) return {b.zeros(o)};
   const int64_t per = x.type.numel() / planes;
   Value ind = b.reshape(b.convert(idx, ElemType::S64), {planes, per, 1});
+  if (b.checking()) {
+    std::string vol;
+    for (int64_t i = r - static_cast<int64_t>(nsp); i < r; ++i) vol += (vol.empty() ? "" : "x") + std::to_string(o.shape[i]);
+    check(b, b.or_(b.compare(Cmp::LT, ind, b.zeros(ind.type)), b.compare(Cmp::GE, ind, b.constant_i(plane, ElemType::S64, ind.shape()))),
+          CheckKind::Runtime, "Found an invalid max index (output volumes are of size " + vol + ")");
+  }
   Value full = b.concatenate({b.iota(Type{ElemType::S64, {planes, per, 1}}, 0), ind}, 2);
   Value pos = b.iota(Type{ElemType::S64, {planes, per}}, 1);
   Value last = b.scatter(b.constant_i(-1, ElemType::S64, {planes, plane}), full, pos, {}, {0, 1}, {0, 1}, 2, "maximum");
@@ -504,8 +510,8 @@ std::vector<Value> max_unpool_nd(Builder& b, const OpCall& c, size_t nsp) {
 
 }  // namespace
 
-TPU_LOWER(max_unpool2d) { return max_unpool_nd(b, c, 2); }
-TPU_LOWER(max_unpool3d) { return max_unpool_nd(b, c, 3); }
+TPU_LOWER_CHECKED(max_unpool2d) { return max_unpool_nd(b, c, 2); }
+TPU_LOWER_CHECKED(max_unpool3d) { return max_unpool_nd(b, c, 3); }
 
 TPU_LOWER(max_pool2d_with_indices) { return max_pool_nd(b, c, 2); }
 TPU_LOWER(max_pool3d_with_indices) { return max_pool_nd(b, c, 3); }

@@ -1,6 +1,7 @@
 // Random number generation on the device: Philox bits from the generator state operand
 // (u64[2] = seed, offset; never a constant, so reseeding never recompiles), shaped into
 // PyTorch's distributions. Reproducible under manual_seed; not bit-identical to the CPU.
+#include <limits>
 #include <cmath>
 
 #include "lowering.h"
@@ -157,7 +158,7 @@ TPU_LOWER_RANDOM(randperm) {
 // host read of the weights.
 // Random but not pointwise: the runtime must not flatten [rows, n] probabilities when the
 // [rows, num_samples] output happens to have the same shape.
-TPU_LOWER_WITH(multinomial, .random = true) {
+TPU_LOWER_WITH(multinomial, .random = true, .checked = true) {
   const Type& o = out_type(c);
   Value p = c.tensor("self");
   if (p.rank() < 1 || p.rank() > 2) throw Unsupported("multinomial: self must be 1-D or 2-D");
@@ -170,6 +171,15 @@ TPU_LOWER_WITH(multinomial, .random = true) {
   ElemType t = float_compute(p.elem());
   Value w = b.reshape(b.convert(p, t), {rows, n});
   Shape rn{rows, n};
+  if (b.checking()) {  // the CPU kernel's two value checks
+    Value inf = b.constant_f(std::numeric_limits<double>::infinity(), t, rn);
+    Value bad = b.or_(b.or_(b.compare(Cmp::LT, w, b.zeros(Type{t, rn})), b.compare(Cmp::NE, w, w)),
+                      b.compare(Cmp::EQ, w, inf));
+    check(b, bad, CheckKind::Runtime, "probability tensor contains either `inf`, `nan` or element < 0");
+    Value sum = b.reduce(w, b.constant_f(0, t), {1}, "add");
+    check(b, b.compare(Cmp::LE, sum, b.zeros(Type{t, {rows}})), CheckKind::Runtime,
+          "invalid multinomial distribution (sum of probabilities <= 0)");
+  }
   Value positive = b.compare(Cmp::GT, w, b.constant_f(0, t, rn));
   Value idx;
   if (!c.bool_("replacement")) {
