@@ -1,4 +1,7 @@
-"""Cached small-op dispatch latency: tpu eager vs PyTorch CPU eager on a 100-element tensor."""
+"""Cached small-op dispatch latency: tpu eager vs PyTorch CPU eager on a 100-element tensor, vs the
+raw PJRT launch floor (a C++ loop launching + awaiting a cached 4-element add through csrc/pjrt,
+measured in the same run), and fused eager's amortized cost per op on a 50 x (a * c + b) chain of
+16-element tensors ending in .item()."""
 
 from __future__ import annotations
 
@@ -8,6 +11,7 @@ from typing import Any
 import torch
 import torch_tpu
 from bench_common import TPU, finish, fmt_ratio, interleaved, median, ratio, sync
+from torch_tpu import EagerMode, get_eager_mode, set_eager_mode
 
 NAME = "dispatch"
 NUMEL = 100
@@ -16,6 +20,12 @@ MIXED_ITERS = 5_000  # 4 ops each: mul, add, relu, sum
 WARMUP_ITERS = 200
 REPEATS = 5
 GOAL_MAX_RATIO = 2.0
+GOAL_MAX_OVER_FLOOR = 1.6  # strict dispatch of a cached small op vs the raw launch floor
+FLOOR_ITERS = 20_000
+CHAIN_LEN = 50
+CHAIN_NUMEL = 16
+CHAIN_ITERS = 200
+GOAL_FUSED_CHAIN_OVER_CPU = 1.0
 
 
 def add_loop(device: str, iters: int) -> Callable[[], object]:
@@ -43,6 +53,25 @@ def mixed_loop(device: str, iters: int) -> Callable[[], object]:
         if device == TPU:
             sync()
         return s
+
+    return loop
+
+
+def chain_loop(device: str, iters: int) -> Callable[[], object]:
+    """50 x (a * c + b) then .item(); on tpu under DEFER_AND_FUSE (one program per chain)."""
+    a0 = torch.linspace(-1.0, 1.0, CHAIN_NUMEL, device=device)
+    b = torch.full((CHAIN_NUMEL,), 0.25, device=device)
+    c = torch.full((CHAIN_NUMEL,), 0.5, device=device)
+
+    def loop() -> float:
+        total = 0.0
+        with set_eager_mode(EagerMode.DEFER_AND_FUSE if device == TPU else get_eager_mode()):
+            for _ in range(iters):
+                a = a0
+                for _ in range(CHAIN_LEN):
+                    a = a * c + b
+                total += a.sum().item()
+        return total
 
     return loop
 
@@ -76,13 +105,20 @@ def measure(
 def run() -> dict[str, Any]:
     add = measure(add_loop, ADD_ITERS, 1)
     mixed = measure(mixed_loop, MIXED_ITERS, 4)
+    floor_us = median([torch_tpu._C._raw_launch_floor_us(FLOOR_ITERS) for _ in range(REPEATS)])
+    # ops per chain: 2 per step + the sum (the .item() read is the sync)
+    chain = measure(chain_loop, CHAIN_ITERS, 2 * CHAIN_LEN + 1)
     ratios = [
         ratio("add", add["ratio_tpu_over_cpu"], GOAL_MAX_RATIO, higher_is_better=False),
         ratio("mixed", mixed["ratio_tpu_over_cpu"], GOAL_MAX_RATIO, higher_is_better=False),
+        ratio("add/raw launch floor", add["tpu_us_per_op"] / floor_us, GOAL_MAX_OVER_FLOOR, higher_is_better=False),
+        ratio("fused chain/cpu", chain["ratio_tpu_over_cpu"], GOAL_FUSED_CHAIN_OVER_CPU, higher_is_better=False),
     ]
     summary = (
         f"{NAME}: add {add['tpu_us_per_op']:.2f} vs cpu {add['cpu_us_per_op']:.2f} us/op, "
-        f"mixed {mixed['tpu_us_per_op']:.2f} vs cpu {mixed['cpu_us_per_op']:.2f} us/op | tpu/cpu "
+        f"mixed {mixed['tpu_us_per_op']:.2f} vs cpu {mixed['cpu_us_per_op']:.2f} us/op, "
+        f"raw launch floor {floor_us:.2f} us, fused chain {chain['tpu_us_per_op']:.2f} vs cpu "
+        f"{chain['cpu_us_per_op']:.2f} us/op | "
         + ", ".join(fmt_ratio(r) for r in ratios)
     )
     return finish(
@@ -91,6 +127,8 @@ def run() -> dict[str, Any]:
             "description": "x = x + 1 (numel 100) and relu(x*0.5+1).sum() loops; one synchronize per loop",
             "add": add,
             "mixed": mixed,
+            "raw_launch_floor_us": floor_us,
+            "fused_chain": chain,
             "ratios": ratios,
             "summary": summary,
         },

@@ -5,10 +5,12 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
+from typing import Any
 
 import pytest
 import torch
-import torch_tpu  # noqa: F401  (also loaded by `import torch` through the entry point)
+import torch_tpu  # (also loaded by `import torch` through the entry point)
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -25,3 +27,44 @@ def run_python(code: str, env: dict[str, str] | None = None, timeout: int = 300)
 @pytest.fixture
 def tpu() -> torch.device:
     return torch.device("tpu")
+
+
+@pytest.fixture
+def no_fallback() -> Iterator[None]:
+    """The test must not run any op on the CPU fallback (use via pytestmark usefixtures)."""
+    torch_tpu.reset_fallback_stats()
+    yield
+    assert torch_tpu.fallback_stats() == {}, torch_tpu.fallback_stats()
+
+
+def to_dev(x: Any, device: str = "tpu") -> Any:
+    """Tensors (also inside lists/tuples) moved to `device`; anything else unchanged."""
+    if isinstance(x, torch.Tensor):
+        return x.to(device)
+    if isinstance(x, (list, tuple)):
+        return type(x)(to_dev(v, device) for v in x)
+    return x
+
+
+def assert_same(got: Any, exp: Any, tol: dict[str, float] | None = None,
+                table: dict[torch.dtype, dict[str, float]] | None = None) -> None:
+    """`got` (a tpu result) equals the CPU result `exp`: lists/tuples element by element,
+    non-tensors by ==; tensors on tpu with the same dtype and shape, floats within `tol`, else
+    `table[dtype]` (rtol/atol for assert_close; exact when neither), everything else exactly."""
+    if isinstance(exp, (tuple, list)):
+        assert len(got) == len(exp)
+        for g, e in zip(got, exp, strict=True):
+            assert_same(g, e, tol, table)
+        return
+    if not isinstance(exp, torch.Tensor):
+        assert got == exp
+        return
+    assert isinstance(got, torch.Tensor) and got.device.type == "tpu", got
+    got = got.cpu()
+    assert got.dtype == exp.dtype, (got.dtype, exp.dtype)
+    assert got.shape == exp.shape, (got.shape, exp.shape)
+    if exp.dtype.is_floating_point:
+        tol = tol or (table or {}).get(exp.dtype) or dict(rtol=0, atol=0)
+        torch.testing.assert_close(got, exp, equal_nan=True, **tol)
+    else:
+        assert torch.equal(got, exp), (got, exp)

@@ -13,7 +13,6 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-import torch_tpu
 
 DEV = "tpu"
 LOW = [torch.bfloat16, torch.float16]
@@ -21,11 +20,7 @@ LOW = [torch.bfloat16, torch.float16]
 TOL = {torch.bfloat16: dict(rtol=1.6e-2, atol=1e-2), torch.float16: dict(rtol=2e-3, atol=2e-3)}
 
 
-@pytest.fixture(autouse=True)
-def no_fallback():
-    torch_tpu.reset_fallback_stats()
-    yield
-    assert torch_tpu.fallback_stats() == {}, torch_tpu.fallback_stats()
+pytestmark = pytest.mark.usefixtures("no_fallback")
 
 
 def tpu(*ts):

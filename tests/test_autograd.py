@@ -4,11 +4,8 @@ and restored so the recomputed forward draws the same mask)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 import torch
-import torch_tpu
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
@@ -18,11 +15,7 @@ W = torch.randn(6, 5, generator=_gen)
 X2 = torch.randn(4, 6, generator=_gen)
 
 
-@pytest.fixture(autouse=True)
-def no_fallback() -> Iterator[None]:
-    torch_tpu.reset_fallback_stats()
-    yield
-    assert torch_tpu.fallback_stats() == {}
+pytestmark = pytest.mark.usefixtures("no_fallback")
 
 
 def _leaves(device: str) -> tuple[torch.Tensor, torch.Tensor]:

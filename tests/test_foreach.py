@@ -5,7 +5,7 @@ never the CPU fallback."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import pytest
 import torch
@@ -15,11 +15,7 @@ from torch import nn
 SHAPES = [(3, 2), (5,), (), (2, 1, 3)]
 
 
-@pytest.fixture(autouse=True)
-def no_fallback() -> Iterator[None]:
-    torch_tpu.reset_fallback_stats()
-    yield
-    assert torch_tpu.fallback_stats() == {}
+pytestmark = pytest.mark.usefixtures("no_fallback")
 
 
 def _lists(

@@ -5,6 +5,9 @@ import pytest
 import torch
 import torch_tpu
 
+from tests.conftest import assert_same as _assert_same
+from tests.conftest import to_dev
+
 DEV = "tpu"
 
 if hasattr(torch_tpu, "reset_fallback_stats"):
@@ -20,28 +23,8 @@ MY_OPS = {
 }
 
 
-def to_dev(v):
-    if isinstance(v, torch.Tensor):
-        return v.to(DEV)
-    if isinstance(v, (list, tuple)):
-        return type(v)(to_dev(x) for x in v)
-    return v
-
-
 def assert_same(got, exp, exact=True, atol=1e-6, rtol=1e-5):
-    if isinstance(exp, (list, tuple)):
-        assert len(got) == len(exp)
-        for g, e in zip(got, exp, strict=True):
-            assert_same(g, e, exact, atol, rtol)
-        return
-    assert isinstance(got, torch.Tensor) and got.device.type == DEV, got
-    got = got.cpu()
-    assert got.dtype == exp.dtype, (got.dtype, exp.dtype)
-    assert got.shape == exp.shape, (got.shape, exp.shape)
-    if exact:
-        torch.testing.assert_close(got, exp, rtol=0, atol=0, equal_nan=True)
-    else:
-        torch.testing.assert_close(got, exp, rtol=rtol, atol=atol, equal_nan=True)
+    _assert_same(got, exp, None if exact else dict(atol=atol, rtol=rtol))
 
 
 def check(fn, *args, exact=True, atol=1e-6, rtol=1e-5, **kwargs):

@@ -4,18 +4,11 @@ torch.equal against the CPU."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 import torch
 import torch_tpu
 
-
-@pytest.fixture(autouse=True)
-def no_fallback() -> Iterator[None]:
-    torch_tpu.reset_fallback_stats()
-    yield
-    assert torch_tpu.fallback_stats() == {}
+pytestmark = pytest.mark.usefixtures("no_fallback")
 
 
 def _chi2(counts: torch.Tensor, probs: torch.Tensor) -> float:

@@ -19,11 +19,7 @@ _gen = torch.Generator().manual_seed(1234)
 DATA = [(torch.randn(6, 5, generator=_gen), torch.randn(6, 3, generator=_gen)) for _ in range(STEPS)]
 
 
-@pytest.fixture(autouse=True)
-def no_fallback() -> Iterator[None]:
-    torch_tpu.reset_fallback_stats()
-    yield
-    assert torch_tpu.fallback_stats() == {}
+pytestmark = pytest.mark.usefixtures("no_fallback")
 
 
 class _OpRecorder(TorchDispatchMode):

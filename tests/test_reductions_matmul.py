@@ -11,6 +11,9 @@ import torch
 import torch.nn.functional as F
 import torch_tpu
 
+from tests.conftest import assert_same as _assert_same
+from tests.conftest import to_dev
+
 DEV = "tpu"
 
 # ATen base names lowered by reduction.cc / matmul.cc / nn.cc.
@@ -75,32 +78,8 @@ TOL = {
 }
 
 
-def to_dev(x):
-    if isinstance(x, torch.Tensor):
-        return x.to(DEV)
-    if isinstance(x, (list, tuple)):
-        return type(x)(to_dev(v) for v in x)
-    return x
-
-
 def assert_same(got, exp, tol=None):
-    if isinstance(exp, (tuple, list)):
-        assert len(got) == len(exp)
-        for g, e in zip(got, exp, strict=True):
-            assert_same(g, e, tol)
-        return
-    if not isinstance(exp, torch.Tensor):
-        assert got == exp
-        return
-    assert got.device.type == DEV, got.device
-    got = got.cpu()
-    assert got.dtype == exp.dtype, (got.dtype, exp.dtype)
-    assert got.shape == exp.shape, (got.shape, exp.shape)
-    if exp.dtype.is_floating_point:
-        t = tol or TOL[exp.dtype]
-        torch.testing.assert_close(got, exp, equal_nan=True, **t)
-    else:
-        assert torch.equal(got, exp), (got, exp)
+    _assert_same(got, exp, tol, table=TOL)
 
 
 def check(fn, *args, tol=None, **kw):

@@ -56,7 +56,7 @@ void TpuHooks::resizePrivateUse1Bytes(const c10::Storage& storage, size_t newsiz
   resize_storage_bytes(storage, newsize);
 }
 
-void register_lowered_kernels();  // fallback.cc
+void register_lowered_kernels();  // dispatch.cc
 
 void register_hooks() {
   static bool done = false;

@@ -267,20 +267,10 @@ bool is_host_scalar_tensor(const at::Tensor& t) {
   return t.device().is_cpu() && t.dim() == 0;
 }
 
-}  // namespace
-
-void materialize(const at::Tensor& t) {
-  fused_flush();
-  StorageState& st = state_of(t);
-  ElemType e = elem_of(t.scalar_type());
-  runtime::ensure_buffer(st, e, static_cast<int64_t>(st.nbytes) / elem_bytes(e));
-}
-
-void run_lowering(const std::string& name, const std::string& overload,
-                  const lowering::OpEntry& entry, const std::vector<NamedArg>& args,
-                  const std::vector<at::Tensor>& outs, c10::ScalarType common) {
-  // Flatten pointwise ops over contiguous same-shaped operands: one program per element count.
-  // Fused programs keep logical shapes: XLA fuses better without 1-D reshapes between ops.
+// Pointwise ops over contiguous same-shaped operands are flattened: one program per element
+// count. Fused programs keep logical shapes: XLA fuses better without 1-D reshapes between ops.
+bool flattenable(const lowering::OpEntry& entry, const std::vector<NamedArg>& args,
+                 const std::vector<at::Tensor>& outs) {
   bool flatten = entry.elementwise && runtime::Context::get().mode() != runtime::EagerMode::DeferAndFuse;
   if (flatten) {
     c10::IntArrayRef shape;
@@ -297,25 +287,15 @@ void run_lowering(const std::string& name, const std::string& overload,
     }
     for (const auto& o : outs) check(o);
   }
+  return flatten;
+}
 
-  Plan plan;
-  plan.entry = &entry;
-  plan.name = name;
-  plan.overload = overload;
-  plan.common = elem_of(common);
-  plan.flattened = flatten;
-  plan.key.reserve(256);
-  plan.key += name;
-  plan.key += '.';
-  plan.key += overload;
-  plan.key += flatten ? "|F|" : "|";
-  Planner pl(plan, flatten);
-  std::vector<ArgPlan>& aps = plan.args;
-  aps.reserve(args.size() + 1);
-  // Random ops reserve Philox counters for the larger of their outputs and tensor inputs
-  // (multinomial draws one number per category), one 128-bit block (4 x u32 = 2 x u64) per
-  // element: enough for two 32-bit uniforms (Box-Muller) or 64-bit draws, so consecutive ops
-  // never reuse counters.
+// Random ops reserve Philox counters for the larger of their outputs and tensor inputs
+// (multinomial draws one number per category), one 128-bit block (4 x u32 = 2 x u64) per
+// element: enough for two 32-bit uniforms (Box-Muller) or 64-bit draws, so consecutive ops
+// never reuse counters.
+int64_t rng_elements(const lowering::OpEntry& entry, const std::vector<NamedArg>& args,
+                     const std::vector<at::Tensor>& outs) {
   int64_t rng_numel = 1;
   for (const auto& o : outs)
     if (o.defined()) rng_numel = std::max<int64_t>(rng_numel, o.numel());
@@ -325,128 +305,123 @@ void run_lowering(const std::string& name, const std::string& overload,
         rng_numel = std::max<int64_t>(rng_numel, a.value.toTensor().numel());
     }
   }
+  return rng_numel;
+}
 
-  // Random ops without a Generator argument (native_dropout) still draw from the device's.
-  std::vector<NamedArg> extra;
-  if (entry.random) {
-    bool has_gen = false;
-    for (const auto& a : args) has_gen |= a.hint == NamedArg::Hint::Generator;
-    if (!has_gen) extra.push_back({"generator", c10::IValue(), NamedArg::Hint::Generator});
-  }
-  std::vector<const NamedArg*> all_args;
-  for (const auto& a : args) all_args.push_back(&a);
-  for (const auto& a : extra) all_args.push_back(&a);
-
-  for (const NamedArg* ap_src : all_args) {
-    const NamedArg& a = *ap_src;
-    ArgPlan ap;
-    ap.name = a.name;
-    Arg& av = ap.value;
-    const c10::IValue& v = a.value;
-    if (a.hint == NamedArg::Hint::Ignore) {
-      av.kind = Arg::Kind::None;
-    } else if (a.hint == NamedArg::Hint::Generator) {
-      c10::optional<at::Generator> g;
-      if (v.isGenerator()) g = v.toGenerator();
-      int dev = std::max(plan.device, 0);
-      for (const auto& o : outs)
-        if (o.defined()) { dev = o.device().index(); break; }
-      at::Generator gen = g.has_value() && g->defined() ? *g : default_generator(dev);
-      TORCH_CHECK(gen.device().type() == kTpu, "Expected a 'tpu' device type for generator but found '",
-                  gen.device().str(), "'");
-      auto* impl = gen.get<TpuGenerator>();
-      std::lock_guard<std::mutex> lock(gen.mutex());
-      auto [seed, offset] = impl->next(static_cast<uint64_t>(rng_numel + 1));
-      av.kind = Arg::Kind::Tensor;
-      ap.host_index.push_back(static_cast<int>(plan.host.size()));
-      pl.host_rng(seed, offset);
-    } else if (v.isNone()) {
+// One lowering argument: a device view, a host operand (Python scalar, 0-d CPU tensor, RNG
+// state) or a constant that is part of the key.
+ArgPlan plan_argument(Planner& pl, Plan& plan, const NamedArg& a, int64_t rng_numel,
+                      const std::vector<at::Tensor>& outs) {
+  ArgPlan ap;
+  ap.name = a.name;
+  Arg& av = ap.value;
+  const c10::IValue& v = a.value;
+  if (a.hint == NamedArg::Hint::Ignore) {
+    av.kind = Arg::Kind::None;
+  } else if (a.hint == NamedArg::Hint::Generator) {
+    c10::optional<at::Generator> g;
+    if (v.isGenerator()) g = v.toGenerator();
+    int dev = std::max(plan.device, 0);
+    for (const auto& o : outs)
+      if (o.defined()) { dev = o.device().index(); break; }
+    at::Generator gen = g.has_value() && g->defined() ? *g : default_generator(dev);
+    TORCH_CHECK(gen.device().type() == kTpu, "Expected a 'tpu' device type for generator but found '",
+                gen.device().str(), "'");
+    auto* impl = gen.get<TpuGenerator>();
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    auto [seed, offset] = impl->next(static_cast<uint64_t>(rng_numel + 1));
+    av.kind = Arg::Kind::Tensor;
+    ap.host_index.push_back(static_cast<int>(plan.host.size()));
+    pl.host_rng(seed, offset);
+  } else if (v.isNone()) {
+    av.kind = Arg::Kind::None;
+    plan.key += "N;";
+  } else if (v.isTensor()) {
+    const at::Tensor& t = v.toTensor();
+    if (!t.defined()) {
       av.kind = Arg::Kind::None;
       plan.key += "N;";
-    } else if (v.isTensor()) {
-      const at::Tensor& t = v.toTensor();
+    } else if (t.device().type() == kTpu) {
+      av.kind = Arg::Kind::Tensor;
+      ap.refs.push_back(pl.ref(t));
+    } else if (is_host_scalar_tensor(t)) {
+      av.kind = Arg::Kind::Tensor;
+      ap.host_index.push_back(static_cast<int>(plan.host.size()));
+      pl.host_tensor(t);
+    } else {
+      int dev = plan.device >= 0 ? plan.device : 0;
+      TORCH_CHECK(false, "Expected all tensors to be on the same device, but found at least two "
+                  "devices, tpu:", dev, " and ", t.device().str(), "!");
+    }
+  } else if (v.isTensorList() || (v.isList() && !v.isIntList() && !v.isDoubleList() && !is_bool_list(v))) {
+    av.kind = v.isTensorList() ? Arg::Kind::TensorList : Arg::Kind::OptTensorList;
+    plan.key += "L[";
+    auto add_one = [&](const at::Tensor& t) {
       if (!t.defined()) {
-        av.kind = Arg::Kind::None;
+        ap.refs.push_back(std::nullopt);
+        ap.list_host.push_back(std::nullopt);
         plan.key += "N;";
       } else if (t.device().type() == kTpu) {
-        av.kind = Arg::Kind::Tensor;
         ap.refs.push_back(pl.ref(t));
+        ap.list_host.push_back(std::nullopt);
       } else if (is_host_scalar_tensor(t)) {
-        av.kind = Arg::Kind::Tensor;
-        ap.host_index.push_back(static_cast<int>(plan.host.size()));
+        ap.refs.push_back(std::nullopt);
+        ap.list_host.push_back(static_cast<int>(plan.host.size()));
         pl.host_tensor(t);
       } else {
-        int dev = plan.device >= 0 ? plan.device : 0;
-        TORCH_CHECK(false, "Expected all tensors to be on the same device, but found at least two "
-                    "devices, tpu:", dev, " and ", t.device().str(), "!");
+        TORCH_CHECK(false, "Expected all tensors to be on the same device, but found at least "
+                    "two devices, tpu:", std::max(plan.device, 0), " and ", t.device().str(), "!");
       }
-    } else if (v.isTensorList() || (v.isList() && !v.isIntList() && !v.isDoubleList() && !is_bool_list(v))) {
-      av.kind = v.isTensorList() ? Arg::Kind::TensorList : Arg::Kind::OptTensorList;
-      plan.key += "L[";
-      auto add_one = [&](const at::Tensor& t) {
-        if (!t.defined()) {
-          ap.refs.push_back(std::nullopt);
-          ap.list_host.push_back(std::nullopt);
-          plan.key += "N;";
-        } else if (t.device().type() == kTpu) {
-          ap.refs.push_back(pl.ref(t));
-          ap.list_host.push_back(std::nullopt);
-        } else if (is_host_scalar_tensor(t)) {
-          ap.refs.push_back(std::nullopt);
-          ap.list_host.push_back(static_cast<int>(plan.host.size()));
-          pl.host_tensor(t);
-        } else {
-          TORCH_CHECK(false, "Expected all tensors to be on the same device, but found at least "
-                      "two devices, tpu:", std::max(plan.device, 0), " and ", t.device().str(), "!");
-        }
-      };
-      if (v.isTensorList()) {
-        for (const at::Tensor& t : v.toTensorList()) add_one(t);
-      } else {
-        for (const c10::IValue& e : v.toListRef()) add_one(e.isTensor() ? e.toTensor() : at::Tensor());
-      }
-      plan.key += "];";
-    } else if (a.hint == NamedArg::Hint::Scalar || v.isScalar() && a.hint == NamedArg::Hint::Scalar) {
-      av.kind = Arg::Kind::Scalar;
-      ap.host_index.push_back(static_cast<int>(plan.host.size()));
-      pl.host_scalar(v.toScalar());
-    } else if (a.hint == NamedArg::Hint::DType) {
-      av.kind = Arg::Kind::DType;
-      av.dtype = elem_of(static_cast<c10::ScalarType>(v.toInt()));
-      plan.key += "D" + std::to_string(v.toInt()) + ";";
-    } else if (v.isBool()) {
-      av.kind = Arg::Kind::Bool;
-      av.b = v.toBool();
-      plan.key += av.b ? "b1;" : "b0;";
-    } else if (v.isInt() || v.isSymInt()) {
-      av.kind = Arg::Kind::Int;
-      av.i = v.isInt() ? v.toInt() : v.toSymInt().expect_int();
-      plan.key += "i" + std::to_string(av.i) + ";";
-    } else if (v.isDouble()) {
-      av.kind = Arg::Kind::Double;
-      av.d = v.toDouble();
-      plan.key += "d" + std::to_string(av.d) + ";";
-    } else if (v.isIntList() || v.isSymIntList() || is_bool_list(v)) {
-      av.kind = Arg::Kind::IntList;
-      av.ints = int_list(v);
-      plan.key += "l";
-      for (int64_t x : av.ints)
-        plan.key += std::to_string(x) + ",";
-      plan.key += ";";
-    } else if (v.isString()) {
-      av.kind = Arg::Kind::String;
-      av.s = v.toStringRef();
-      plan.key += "s" + av.s + ";";
-    } else if (v.isDevice()) {
-      av.kind = Arg::Kind::None;
+    };
+    if (v.isTensorList()) {
+      for (const at::Tensor& t : v.toTensorList()) add_one(t);
     } else {
-      throw lowering::Unsupported("argument '" + a.name + "' of type " + v.tagKind() +
-                                  " is not supported by the tpu lowering");
+      for (const c10::IValue& e : v.toListRef()) add_one(e.isTensor() ? e.toTensor() : at::Tensor());
     }
-    aps.push_back(std::move(ap));
+    plan.key += "];";
+  } else if (a.hint == NamedArg::Hint::Scalar || v.isScalar() && a.hint == NamedArg::Hint::Scalar) {
+    av.kind = Arg::Kind::Scalar;
+    ap.host_index.push_back(static_cast<int>(plan.host.size()));
+    pl.host_scalar(v.toScalar());
+  } else if (a.hint == NamedArg::Hint::DType) {
+    av.kind = Arg::Kind::DType;
+    av.dtype = elem_of(static_cast<c10::ScalarType>(v.toInt()));
+    plan.key += "D" + std::to_string(v.toInt()) + ";";
+  } else if (v.isBool()) {
+    av.kind = Arg::Kind::Bool;
+    av.b = v.toBool();
+    plan.key += av.b ? "b1;" : "b0;";
+  } else if (v.isInt() || v.isSymInt()) {
+    av.kind = Arg::Kind::Int;
+    av.i = v.isInt() ? v.toInt() : v.toSymInt().expect_int();
+    plan.key += "i" + std::to_string(av.i) + ";";
+  } else if (v.isDouble()) {
+    av.kind = Arg::Kind::Double;
+    av.d = v.toDouble();
+    plan.key += "d" + std::to_string(av.d) + ";";
+  } else if (v.isIntList() || v.isSymIntList() || is_bool_list(v)) {
+    av.kind = Arg::Kind::IntList;
+    av.ints = int_list(v);
+    plan.key += "l";
+    for (int64_t x : av.ints)
+      plan.key += std::to_string(x) + ",";
+    plan.key += ";";
+  } else if (v.isString()) {
+    av.kind = Arg::Kind::String;
+    av.s = v.toStringRef();
+    plan.key += "s" + av.s + ";";
+  } else if (v.isDevice()) {
+    av.kind = Arg::Kind::None;
+  } else {
+    throw lowering::Unsupported("argument '" + a.name + "' of type " + v.tagKind() +
+                                " is not supported by the tpu lowering");
   }
+  return ap;
+}
 
-  // Outputs: written slots; a partial write must read the old storage first.
+// Outputs are written slots (a partial write reads the old storage first), inputs are read;
+// read slots become program arguments in slot order.
+void plan_outputs(Planner& pl, Plan& plan, const std::vector<at::Tensor>& outs, c10::ScalarType common) {
   std::vector<TensorRef>& out_refs = plan.outs;
   plan.key += "->";
   for (const auto& o : outs) {
@@ -465,7 +440,7 @@ void run_lowering(const std::string& name, const std::string& overload,
   plan.key += std::to_string(static_cast<int>(common));
   if (plan.device < 0) plan.device = 0;
   // Input slots are read.
-  for (const auto& ap : aps)
+  for (const auto& ap : plan.args)
     for (const auto& r : ap.refs)
       if (r) plan.slots[r->slot].read = true;
   int nargs = 0;
@@ -475,9 +450,48 @@ void run_lowering(const std::string& name, const std::string& overload,
     plan.key += s.written ? 'w' : '-';
   }
 
-  plan.miss_reason = [&] {
-    return compile_reason(plan.what(), describe_call(all_args, outs), flatten);
-  };
+}
+
+}  // namespace
+
+void materialize(const at::Tensor& t) {
+  fused_flush();
+  StorageState& st = state_of(t);
+  ElemType e = elem_of(t.scalar_type());
+  runtime::ensure_buffer(st, e, static_cast<int64_t>(st.nbytes) / elem_bytes(e));
+}
+
+void run_lowering(const std::string& name, const std::string& overload,
+                  const lowering::OpEntry& entry, const std::vector<NamedArg>& args,
+                  const std::vector<at::Tensor>& outs, c10::ScalarType common) {
+  const bool flatten = flattenable(entry, args, outs);
+  Plan plan;
+  plan.entry = &entry;
+  plan.name = name;
+  plan.overload = overload;
+  plan.common = elem_of(common);
+  plan.flattened = flatten;
+  plan.key.reserve(256);
+  plan.key += name;
+  plan.key += '.';
+  plan.key += overload;
+  plan.key += flatten ? "|F|" : "|";
+  Planner pl(plan, flatten);
+
+  // Random ops without a Generator argument (native_dropout) still draw from the device's.
+  std::vector<const NamedArg*> all_args;
+  for (const auto& a : args) all_args.push_back(&a);
+  const NamedArg device_generator{"generator", c10::IValue(), NamedArg::Hint::Generator};
+  if (entry.random && std::none_of(args.begin(), args.end(), [](const NamedArg& a) {
+        return a.hint == NamedArg::Hint::Generator;
+      }))
+    all_args.push_back(&device_generator);
+
+  const int64_t rng_numel = rng_elements(entry, args, outs);
+  plan.args.reserve(all_args.size());
+  for (const NamedArg* a : all_args) plan.args.push_back(plan_argument(pl, plan, *a, rng_numel, outs));
+  plan_outputs(pl, plan, outs, common);
+  plan.miss_reason = [&] { return compile_reason(plan.what(), describe_call(all_args, outs), flatten); };
   runtime::execute(plan);
 }
 

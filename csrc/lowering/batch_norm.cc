@@ -75,7 +75,8 @@ std::vector<Value> bn_forward(Builder& b, const OpCall& c, bool training) {
 
 }  // namespace
 
-TPU_LOWER(native_batch_norm) { return bn_forward(b, c, c.bool_("training")); }
+// The legacy schema mutates the running stats (in training) without declaring it.
+TPU_LOWER_WITH(native_batch_norm, .writes = {{"running_mean", "training"}, {"running_var", "training"}}) { return bn_forward(b, c, c.bool_("training")); }
 
 TPU_LOWER(_native_batch_norm_legit) { return bn_forward(b, c, c.bool_("training")); }
 

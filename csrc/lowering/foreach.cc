@@ -4,7 +4,7 @@
 // `self`: its elements are the call's outputs (docs/lowering.md, "mutated list args");
 // out-of-place forms return one tensor per element. Scalar and ScalarList arguments are runtime
 // operands (a ScalarList arrives as a list of 0-d host tensors), so changing lr never recompiles.
-// A call the runtime or a lowering refuses keeps PyTorch's per-tensor composite (csrc/aten/fallback.cc).
+// A call the runtime or a lowering refuses keeps PyTorch's per-tensor composite (csrc/aten/dispatch.cc).
 #include "lowering.h"
 
 namespace tpu::lowering {
@@ -61,7 +61,7 @@ std::vector<Value> foreach_apply(Builder& b, const OpCall& c, const std::string&
 }  // namespace
 
 #define TPU_FOREACH(op) \
-  TPU_LOWER(_foreach_##op) { return foreach_apply(b, c, #op); }
+  TPU_LOWER_WITH(_foreach_##op, .foreach = true) { return foreach_apply(b, c, #op); }
 TPU_FOREACH(add)
 TPU_FOREACH(sub)
 TPU_FOREACH(mul)
@@ -86,6 +86,6 @@ TPU_FOREACH(zero)
 #undef TPU_FOREACH
 
 // _foreach_norm(self, ord, dtype): linalg_vector_norm over all dims of each element.
-TPU_LOWER(_foreach_norm) { return foreach_apply(b, c, "linalg_vector_norm"); }
+TPU_LOWER_WITH(_foreach_norm, .foreach = true) { return foreach_apply(b, c, "linalg_vector_norm"); }
 
 }  // namespace tpu::lowering

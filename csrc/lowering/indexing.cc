@@ -427,7 +427,7 @@ TPU_LOWER(scatter_reduce) {
 }
 
 // ---------------------------------------------------------------- advanced indexing
-TPU_LOWER(index) {
+TPU_LOWER_WITH(index, .host_bool_indices = true) {
   Value self = c.tensor("self");
   const Type& o = out_type(c);
   AdvIndex a = adv_index(b, c.arg("indices"), self.shape());

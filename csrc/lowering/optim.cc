@@ -7,7 +7,7 @@
 // double constants rounded to it. found_inf == 1 skips the step entirely (grads included).
 //
 // The runtime turns every mutated list argument into extra outputs in argument order (grads only
-// with a grad_scale, max_exp_avg_sqs only with amsgrad, only `out` for .out; see fallback.cc) and passes a float lr as
+// with a grad_scale, max_exp_avg_sqs only with amsgrad, only `out` for .out; see OpEntry::writes) and passes a float lr as
 // a runtime f64 operand so a learning-rate schedule does not recompile the step.
 #include <cmath>
 #include <map>
@@ -203,10 +203,15 @@ std::vector<Value> lower_fused_adam(Builder& b, const OpCall& c, AdamMode mode) 
 
 }  // namespace
 
-TPU_LOWER(_fused_adam) { return lower_fused_adam(b, c, AdamMode::Original); }
-TPU_LOWER(_fused_adamw) { return lower_fused_adam(b, c, AdamMode::AdamW); }
+// grads are written (unscaled) only with a grad_scale, max_exp_avg_sqs only with amsgrad.
+#define TPU_ADAM_PROPS \
+  .writes = {{"grads", "grad_scale"}, {"max_exp_avg_sqs", "amsgrad"}}, .out_overload_writes_only_out = true, \
+  .runtime_scalars = {"lr"}
+TPU_LOWER_WITH(_fused_adam, TPU_ADAM_PROPS) { return lower_fused_adam(b, c, AdamMode::Original); }
+TPU_LOWER_WITH(_fused_adamw, TPU_ADAM_PROPS) { return lower_fused_adam(b, c, AdamMode::AdamW); }
 
-TPU_LOWER(_fused_sgd) {
+TPU_LOWER_WITH(_fused_sgd, .writes = {{"grads", "grad_scale"}}, .out_overload_writes_only_out = true,
+               .runtime_scalars = {"lr"}) {
   auto params = list_arg(c, "self");
   size_t n = params.size();
   auto grads = list_arg(c, "grads");

@@ -157,7 +157,7 @@ TPU_LOWER_RANDOM(randperm) {
 // host read of the weights.
 // Random but not pointwise: the runtime must not flatten [rows, n] probabilities when the
 // [rows, num_samples] output happens to have the same shape.
-TPU_LOWER_IMPL(multinomial, false, true) {
+TPU_LOWER_WITH(multinomial, .random = true) {
   const Type& o = out_type(c);
   Value p = c.tensor("self");
   if (p.rank() < 1 || p.rank() > 2) throw Unsupported("multinomial: self must be 1-D or 2-D");

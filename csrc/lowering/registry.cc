@@ -1,5 +1,6 @@
 #include <algorithm>
 #include <unordered_map>
+#include <unordered_set>
 
 #include "lowering.h"
 
@@ -21,6 +22,16 @@ const OpEntry* find_op(const std::string& name) {
   auto it = table().find(name);
   return it == table().end() ? nullptr : &it->second;
 }
+
+namespace {
+std::unordered_set<std::string>& host_sync_ops() {
+  static std::unordered_set<std::string> s;
+  return s;
+}
+}  // namespace
+
+void register_host_sync_op(const std::string& name) { host_sync_ops().insert(name); }
+bool is_host_sync_op(const std::string& name) { return host_sync_ops().count(name) != 0; }
 
 std::vector<std::string> registered_ops() {
   std::vector<std::string> names;

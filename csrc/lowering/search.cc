@@ -235,4 +235,13 @@ std::vector<Value> lower_cum_extreme(Builder& b, const OpCall& c, bool is_max) {
 TPU_LOWER(cummax) { return lower_cum_extreme(b, c, true); }
 TPU_LOWER(cummin) { return lower_cum_extreme(b, c, false); }
 
+// Data-dependent output shapes: one documented host sync each (see lowering.h).
+TPU_HOST_SYNC(nonzero);
+TPU_HOST_SYNC(nonzero_static);
+TPU_HOST_SYNC(masked_select);
+TPU_HOST_SYNC(_unique);
+TPU_HOST_SYNC(_unique2);
+TPU_HOST_SYNC(unique_dim);
+TPU_HOST_SYNC(unique_consecutive);
+
 }  // namespace tpu::lowering

@@ -132,6 +132,10 @@ PYBIND11_MODULE(_C, m) {
     d["cache_dir"] = tpu::runtime::CompileCache::get().cache_dir();
     return d;
   });
+  m.def("_raw_launch_floor_us", [](int iters) {
+    py::gil_scoped_release nogil;
+    return tpu::runtime::raw_launch_floor_us(iters);
+  });
   m.def("_set_cache_limits", [](int64_t max_programs, int64_t max_bytes) {
     tpu::runtime::CompileCache::get().set_limits(max_programs, max_bytes);
   });

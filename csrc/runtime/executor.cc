@@ -1,6 +1,7 @@
 #include "executor.h"
 
 #include <algorithm>
+#include <chrono>
 #include <unordered_map>
 
 #include "compile_cache.h"
@@ -146,108 +147,182 @@ void run_strict(const Plan& plan) {
 }
 
 // ---------------------------------------------------------------- fused
-// DEFER_AND_FUSE: ops are emitted into one pending program instead of launching. Each storage
-// touched holds its *pending value*; the program is launched at sync points (host reads,
-// synchronize, data-dependent ops, direct buffer access, size limit) and its text - which
-// depends only on the recorded structure, never on scalar values - is the compile-cache key,
-// so a repeated loop body compiles once.
+// DEFER_AND_FUSE: ops are recorded (their plans, plain values) instead of launched; the pending
+// program launches at sync points (host reads, synchronize, data-dependent ops, direct buffer
+// access, size limit). Recording builds no program text: every touched storage gets a pending
+// id, and the *trace key* (each op's key + which pending storages its slots are + the arguments
+// the trace reads) identifies the program. A repeated loop body hits the signature index and
+// launches at once; only a new structure replays the plans through emit_op to build the text.
+struct TraceArg {  // a pending storage the trace reads before writing it: a program argument
+  int id;
+  shlo::ElemType elem;
+  int64_t numel;
+};
+
+struct RecordedOp {
+  Plan plan;
+  std::vector<int> ids;  // pending storage id of each slot
+};
+
 struct Pending {
   std::recursive_mutex mu;
-  std::unique_ptr<shlo::Builder> b;
   int device = -1;
-  int ops = 0;
-  std::unordered_map<StorageState*, Value> cur;
-  std::unordered_map<StorageState*, int> arg_of;
-  std::vector<pjrt::BufferPtr> arg_bufs;  // in program-argument order
-  std::vector<StorageState*> written;     // first-write order (deterministic program text)
+  std::vector<RecordedOp> ops;
+  std::string key;                                // trace key so far
+  std::unordered_map<StorageState*, int> id_of;   // live pending storages
+  std::vector<StorageState*> storage_of;          // id -> storage (null once it died)
+  std::vector<shlo::ElemType> written_elem;       // id -> element type of its pending value
+  std::vector<int> written;                       // ids in first-write order
+  std::vector<bool> is_written;
+  std::vector<TraceArg> args;                     // storage arguments, in first-read order
+  std::vector<pjrt::BufferPtr> arg_bufs;          // program arguments (storages and host operands)
 };
-constexpr int kMaxFusedOps = 512;
+constexpr size_t kMaxFusedOps = 512;
 
 Pending& pending() {
   static auto* p = std::make_unique<Pending>().release();
   return *p;
 }
 
-void flush_locked(Pending& p) {
-  if (p.ops == 0) return;
-  std::vector<Value> results;
-  std::vector<StorageState*> targets;
-  for (StorageState* st : p.written) {
-    auto it = p.cur.find(st);
-    if (it == p.cur.end()) continue;  // storage died before the flush
-    if (auto a = p.arg_of.find(st); a != p.arg_of.end()) p.b->alias(a->second, static_cast<int>(results.size()));
-    results.push_back(it->second);
-    targets.push_back(st);
+// Replays the recorded plans into one program: arguments in recording order, results = the
+// live written storages in first-write order (donating the ones that were arguments).
+std::string build_trace(const Pending& p, const std::vector<int>& targets) {
+  shlo::Builder b;
+  std::vector<Value> value_of(p.storage_of.size());
+  std::vector<int> arg_index(p.storage_of.size(), -1);
+  size_t next_storage_arg = 0;
+  for (const RecordedOp& op : p.ops) {
+    const Plan& plan = op.plan;
+    std::vector<Value> cur(plan.slots.size());
+    for (size_t i = 0; i < plan.slots.size(); ++i) {
+      if (!plan.slots[i].read) continue;
+      int id = op.ids[i];
+      if (value_of[id].id < 0) {
+        const TraceArg& a = p.args[next_storage_arg++];
+        value_of[id] = b.arg(Type{a.elem, {a.numel}});
+        arg_index[id] = b.num_args() - 1;
+      }
+      cur[i] = value_of[id];
+    }
+    std::vector<Value> host_vals;
+    for (const HostOperand& h : plan.host) host_vals.push_back(b.arg(Type{h.elem, h.dims}));
+    emit_op(b, cur, host_vals, plan);
+    for (size_t i = 0; i < plan.slots.size(); ++i)
+      if (plan.slots[i].written) value_of[op.ids[i]] = cur[i];
   }
-  int ops = p.ops;
+  std::vector<Value> results;
+  for (int id : targets) {
+    if (arg_index[id] >= 0) b.alias(arg_index[id], static_cast<int>(results.size()));
+    results.push_back(value_of[id]);
+  }
+  return b.module(results);
+}
+
+void flush_locked(Pending& p) {
+  if (p.ops.empty()) return;
+  std::vector<int> targets;
+  std::vector<StorageState*> target_states;
+  std::string key = std::move(p.key);
+  key += "->";
+  for (int id : p.written) {
+    if (!p.storage_of[id]) continue;  // storage died before the flush: not a result
+    targets.push_back(id);
+    target_states.push_back(p.storage_of[id]);
+    key += std::to_string(id);
+    key += ',';
+  }
   int device = p.device;
+  size_t n_ops = p.ops.size();
+  ProgramPtr program;
+  if (!targets.empty()) {
+    auto& cache = CompileCache::get();
+    program = cache.find_signature(key);
+    if (!program) {
+      program = cache.get_or_compile_program(build_trace(p, targets),
+                                             "fused graph (" + std::to_string(n_ops) + " ops)",
+                                             "new fused graph structure");
+      cache.remember_signature(key, program);
+    }
+  }
   std::vector<pjrt::BufferPtr> bufs = std::move(p.arg_bufs);
-  std::string mlir = results.empty() ? std::string() : p.b->module(results);
-  p.b.reset();
-  p.cur.clear();
-  p.arg_of.clear();
-  p.arg_bufs.clear();
+  std::vector<shlo::ElemType> elems;
+  for (int id : targets) elems.push_back(p.written_elem[id]);
+  p.ops.clear();
+  p.key.clear();
+  p.id_of.clear();
+  p.storage_of.clear();
+  p.written_elem.clear();
   p.written.clear();
-  p.ops = 0;
+  p.is_written.clear();
+  p.args.clear();
+  p.arg_bufs.clear();
   p.device = -1;
-  if (results.empty()) return;
-  auto exe = CompileCache::get().get_or_compile(mlir, "fused graph (" + std::to_string(ops) + " ops)",
-                                                "new fused graph structure");
+  if (!program) return;
   std::vector<PJRT_Buffer*> raw;
+  raw.reserve(bufs.size());
   for (const auto& bptr : bufs) raw.push_back(bptr->raw());
-  auto outs = Executor::get().launch(*exe, device, raw, {}, "fused graph");
-  for (size_t i = 0; i < targets.size(); ++i) {
-    std::lock_guard<std::mutex> lock(targets[i]->mu);
-    targets[i]->buffer = outs[i];
-    targets[i]->elem = results[i].elem();
+  auto outs = Executor::get().launch(*program->exe, device, raw, {}, "fused graph");
+  for (size_t i = 0; i < target_states.size(); ++i) {
+    std::lock_guard<std::mutex> lock(target_states[i]->mu);
+    target_states[i]->buffer = outs[i];
+    target_states[i]->elem = elems[i];
   }
 }
 
-void fused_record(const Plan& plan) {
+void fused_record(Plan& plan) {
   Pending& p = pending();
   std::lock_guard<std::recursive_mutex> lock(p.mu);
-  if (p.ops > 0 && p.device != plan.device) flush_locked(p);
-  if (!p.b) {
-    p.b = std::make_unique<shlo::Builder>();
-    p.device = plan.device;
-  }
-  shlo::Builder& b = *p.b;
-  std::vector<Value> cur(plan.slots.size());
+  if (!p.ops.empty() && p.device != plan.device) flush_locked(p);
+  p.device = plan.device;
+  RecordedOp op;
+  op.ids.resize(plan.slots.size());
+  p.key += plan.key;
+  p.key += '#';
   for (size_t i = 0; i < plan.slots.size(); ++i) {
     const Slot& s = plan.slots[i];
-    if (!s.read) continue;
-    if (auto it = p.cur.find(s.st); it != p.cur.end()) {
-      cur[i] = it->second;
-      continue;
+    auto [it, fresh] = p.id_of.try_emplace(s.st, static_cast<int>(p.storage_of.size()));
+    if (fresh) {
+      p.storage_of.push_back(s.st);
+      p.written_elem.push_back(s.elem);
+      p.is_written.push_back(false);
     }
-    ensure_buffer(*s.st, s.elem, s.numel);
-    int64_t n = static_cast<int64_t>(s.st->nbytes) / elem_bytes(s.st->elem);
-    Value v = b.arg(Type{s.st->elem, {n}});
-    p.arg_of[s.st] = b.num_args() - 1;
-    p.arg_bufs.push_back(s.st->buffer);
-    p.cur[s.st] = v;
-    cur[i] = v;
+    int id = it->second;
+    op.ids[i] = id;
+    p.key += std::to_string(id);
+    if (fresh && s.read) {  // read before any pending value: its current buffer is an argument
+      ensure_buffer(*s.st, s.elem, s.numel);
+      int64_t n = static_cast<int64_t>(s.st->nbytes) / elem_bytes(s.st->elem);
+      p.args.push_back({id, s.st->elem, n});
+      p.arg_bufs.push_back(s.st->buffer);
+      p.key += 'A';
+      p.key += shlo::mlir_name(s.st->elem);
+      p.key += std::to_string(n);
+    } else if (fresh) {
+      p.key += 'W';  // first touched by a write: no argument
+    }
+    p.key += ',';
   }
-  std::vector<Value> host_vals;
-  for (const HostOperand& h : plan.host) {
-    p.arg_bufs.push_back(upload_host(h, plan.device));
-    host_vals.push_back(b.arg(Type{h.elem, h.dims}));
-  }
-  emit_op(b, cur, host_vals, plan);
+  for (const HostOperand& h : plan.host) p.arg_bufs.push_back(upload_host(h, plan.device));
   for (size_t i = 0; i < plan.slots.size(); ++i) {
-    const Slot& s = plan.slots[i];
-    if (!s.written) continue;
-    // A storage address can come back (freed, then reallocated): list each address once.
-    if (std::find(p.written.begin(), p.written.end(), s.st) == p.written.end()) p.written.push_back(s.st);
-    p.cur[s.st] = cur[i];
+    if (!plan.slots[i].written) continue;
+    int id = op.ids[i];
+    p.written_elem[id] = plan.slots[i].elem;
+    if (!p.is_written[id]) {
+      p.is_written[id] = true;
+      p.written.push_back(id);
+    }
   }
+  p.key += ';';
+  plan.miss_reason = nullptr;  // refers to the caller's frame
+  op.plan = std::move(plan);
+  p.ops.push_back(std::move(op));
   dispatch_stats().ops++;
-  if (++p.ops >= kMaxFusedOps) flush_locked(p);
+  if (p.ops.size() >= kMaxFusedOps) flush_locked(p);
 }
 
 }  // namespace
 
-void execute(const Plan& plan) {
+void execute(Plan& plan) {
   if (Context::get().mode() == EagerMode::DeferAndFuse) fused_record(plan);
   else run_strict(plan);  // debug mode waits inside Executor::launch
 }
@@ -261,9 +336,32 @@ void fused_flush() {
 void fused_forget(StorageState* st) {
   Pending& p = pending();
   std::lock_guard<std::recursive_mutex> lock(p.mu);
-  if (p.ops == 0) return;
-  p.cur.erase(st);
-  p.arg_of.erase(st);
+  auto it = p.id_of.find(st);
+  if (it == p.id_of.end()) return;
+  p.storage_of[it->second] = nullptr;  // its pending value is no longer a result
+  p.id_of.erase(it);                    // the address may come back as a new storage
+}
+
+double raw_launch_floor_us(int iters) {
+  shlo::Builder b;
+  Type t{shlo::ElemType::F32, {4}};
+  Value x = b.arg(t), y = b.arg(t);
+  auto program = CompileCache::get().get_or_compile_program(b.module({b.add(x, y)}), "raw launch floor", "benchmark");
+  auto& ctx = Context::get();
+  PJRT_Device* dev = ctx.device(0);
+  const float host[4] = {1, 2, 3, 4};
+  auto a = ctx.client().from_host(host, pjrt::ElementType::F32, {4}, dev);
+  auto c = ctx.client().from_host(host, pjrt::ElementType::F32, {4}, dev);
+  const std::vector<PJRT_Buffer*> args{a->raw(), c->raw()};
+  auto run = [&] {
+    std::unique_ptr<pjrt::Event> done;
+    auto outs = program->exe->execute(dev, args, {}, &done);
+    done->wait();
+  };
+  for (int i = 0; i < 100; ++i) run();  // warm-up
+  auto t0 = std::chrono::steady_clock::now();
+  for (int i = 0; i < iters; ++i) run();
+  return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count() / iters;
 }
 
 }  // namespace tpu::runtime

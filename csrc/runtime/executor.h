@@ -35,8 +35,8 @@ class Executor {
   int64_t launches_ = 0;
 };
 
-// Runs a planned op with the executor of the current eager mode.
-void execute(const Plan& plan);
+// Runs a planned op with the executor of the current eager mode (fused eager keeps the plan).
+void execute(Plan& plan);
 
 // Fused eager: launches the pending program (a sync point); forgets a dying storage.
 void fused_flush();
@@ -45,6 +45,10 @@ void fused_forget(StorageState* st);
 // Gives a storage that was never written a zero buffer of `numel` x `elem` (PyTorch's fresh
 // memory is uninitialized; zeros make reads deterministic). No-op when it has a buffer.
 void ensure_buffer(StorageState& st, shlo::ElemType elem, int64_t numel);
+
+// The floor under strict eager: microseconds per PJRT_LoadedExecutable_Execute + await of a
+// cached 4-element f32 add, measured by a C++ loop over csrc/pjrt (no Python, no dispatch).
+double raw_launch_floor_us(int iters);
 
 // Host-side counters.
 struct DispatchStats {
