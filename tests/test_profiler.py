@@ -102,3 +102,20 @@ def test_no_rows_without_profiler() -> None:
     (x * 4).sum().item()
     rows = [e.name for e in prof.events() if e.name.startswith("tpu::")]
     assert set(rows) <= {"tpu::synchronize"}, rows
+
+
+def test_compiled_graph_launch_row() -> None:
+    fn = torch.compile(lambda a: (a * 2).sin().sum(dim=0), backend="tpu")
+    x = torch.randn(4, 3).to("tpu")
+    fn(x).cpu()  # compile outside the profile
+    d0 = torch_tpu.dispatch_stats()
+    with profile(activities=ACTIVITIES) as prof:
+        out = fn(x).cpu()
+    d1 = torch_tpu.dispatch_stats()
+    torch.testing.assert_close(out, (x.cpu() * 2).sin().sum(dim=0))
+    names = [e.name for e in prof.events()]
+    graphs = [n for n in names if n.startswith("tpu::launch graph")]
+    assert len(graphs) == d1["launches"] - d0["launches"] == 1, names
+    assert [n for n in names if n.startswith("tpu::device graph")] == [
+        "tpu::device" + graphs[0][len("tpu::launch") :]
+    ]
