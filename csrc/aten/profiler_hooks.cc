@@ -48,6 +48,7 @@ class DeviceRow {
     at::ThreadLocalState tls;
     std::unique_lock<std::mutex> lock(mu_);
     if (!thread_.joinable()) thread_ = std::thread([this] { run(); });
+    cv_.wait(lock, [this] { return batch_ == nullptr; });  // another thread's batch first
     batch_ = &ev;
     tls_ = &tls;
     cv_.notify_all();
