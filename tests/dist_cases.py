@@ -194,6 +194,13 @@ def _collectives(dt: torch.dtype) -> dict[str, Callable[[], None]]:
                 dist.all_gather_into_tensor(o, x)
         for o in outs:
             same(o, torch.cat(xs), "all_gather_into_tensor (coalesced)")
+        ys = [x.clone(), x.clone()]
+        with dist._coalescing_manager(device=torch.device(TPU), async_ops=True) as cm:
+            for y in ys:
+                dist.all_reduce(y, op=_red(op))
+        cm.wait()
+        for y in ys:
+            same(y, ref, "all_reduce in _coalescing_manager(device=tpu)")
 
     def async_work() -> None:
         y = x.clone()

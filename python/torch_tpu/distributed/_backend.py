@@ -402,13 +402,21 @@ def _chain(works: list[Any], copies: _Copies, result: Any) -> Any:
                     dst.copy_(v)
         return result
 
-    return c10d._create_work_from_future(fut.then(done)).boxed()
+    return _record(c10d._create_work_from_future(fut.then(done))).boxed()
 
 
 def _done_work(result: Any) -> Any:
     fut: torch.futures.Future = torch.futures.Future()
     fut.set_result(result)
-    return c10d._create_work_from_future(fut).boxed()
+    return _record(c10d._create_work_from_future(fut)).boxed()
+
+
+def _record(work: Any) -> Any:
+    """Remember `work` while a `_coalescing_manager(device=tpu)` block is open on this thread."""
+    pending = getattr(_mode, "coalesced", None)
+    if pending is not None:
+        pending.append(work)
+    return work
 
 
 # ------------------------------------------------------------------ kernels
@@ -810,9 +818,55 @@ def _install_cpu_hint() -> None:
     c10d_logger._get_msg_dict = get_msg_dict
 
 
+def _ours(pg: Any, device: Any) -> bool:
+    if torch.device(device).type != "tpu":
+        return False
+    try:
+        return id(pg._get_backend(torch.device("tpu"))) in _states
+    except RuntimeError:
+        return False
+
+
+def _install_coalescing() -> None:
+    """`dist._coalescing_manager(group, device=tpu)`: gloo has no start/endCoalescing.
+
+    The collectives inside the block run as they are called (all_reduce / all_gather_into_tensor /
+    reduce_scatter_tensor are captured by the manager and sent as one coalesced call); the Work
+    returned at the end completes when every collective issued in the block has.
+    """
+    pg_cls = dist.ProcessGroup
+    start, end = pg_cls._start_coalescing, pg_cls._end_coalescing
+    if getattr(start, "_tpu_dist", False):
+        return
+
+    def start_coalescing(self: Any, device: Any) -> None:
+        if not _ours(self, device):
+            return start(self, device)
+        if getattr(_mode, "coalesced", None) is not None:
+            raise RuntimeError("tpu_dist: a coalescing block is already open on this thread")
+        _mode.coalesced = []
+        return None
+
+    def end_coalescing(self: Any, device: Any) -> Any:
+        if not _ours(self, device):
+            return end(self, device)
+        works = getattr(_mode, "coalesced", None) or []
+        _mode.coalesced = None
+        if not works:
+            fut: torch.futures.Future = torch.futures.Future()
+            fut.set_result(None)
+            return c10d._create_work_from_future(fut)
+        return c10d._create_work_from_future(torch.futures.collect_all([w.get_future() for w in works]))
+
+    start_coalescing._tpu_dist = True  # type: ignore[attr-defined]
+    pg_cls._start_coalescing = start_coalescing
+    pg_cls._end_coalescing = end_coalescing
+
+
 def register() -> None:
     """Register 'tpu_dist' and 'tpu' as c10d backends for device 'tpu' (idempotent)."""
     for name in BACKEND_NAMES:
         if name.upper() not in dist.Backend._plugins:
             dist.Backend.register_backend(name, _create, devices=["tpu"])
     _install_cpu_hint()
+    _install_coalescing()
