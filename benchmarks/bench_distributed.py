@@ -104,7 +104,15 @@ def _decode(dist: Any, torch: Any, rank: int) -> dict[str, Any]:
     dist.barrier()
     tp = tf.AutoModelForCausalLM.from_pretrained(path[0], distributed_config=DistributedConfig(tp_plan="auto"))
     tp_ms, tp_toks = ms_per_token(tp)
+    # Same model with small collectives sent after the agreement check instead of inside it
+    # (two gloo round trips per collective, as before the inline path existed).
+    from torch_tpu.distributed import _backend
+
+    inline, _backend._INLINE_BYTES = _backend._INLINE_BYTES, 0
+    two_trip_ms, _ = ms_per_token(tp)
+    _backend._INLINE_BYTES = inline
     return {"single_process_ms_per_token": single_ms, "tp2_ms_per_token": tp_ms,
+            "tp2_two_round_trips_ms_per_token": two_trip_ms, "inline_speedup": two_trip_ms / tp_ms,
             "tokens_equal": None if single_toks is None else single_toks == tp_toks,
             "ratio_tp2_vs_single": None if single_ms is None else single_ms / tp_ms}
 
@@ -144,10 +152,13 @@ def run() -> dict[str, Any]:
     ratios += [ratio(f"all_reduce {k} (no agreement check) vs gloo", v["ratio_vs_gloo_nocheck"], None, True)
                for k, v in res["allreduce"].items()]
     ratios.append(ratio("TP decode 2 processes vs 1 (ms/token)", res["decode"]["ratio_tp2_vs_single"], None, True))
+    ratios.append(ratio("TP decode, small collectives in 1 vs 2 round trips", res["decode"]["inline_speedup"],
+                        None, True))
     dec = res["decode"]
     summary = "distributed: " + "; ".join(fmt_ratio(r) for r in ratios) + (
         f"; decode ms/token 1 proc {dec['single_process_ms_per_token']:.1f}, "
-        f"2 procs TP {dec['tp2_ms_per_token']:.1f}, tokens equal {dec['tokens_equal']}")
+        f"2 procs TP {dec['tp2_ms_per_token']:.1f} (2 round trips: {dec['tp2_two_round_trips_ms_per_token']:.1f}), "
+        f"tokens equal {dec['tokens_equal']}")
     return finish(NAME, {"results": res, "ratios": ratios, "summary": summary})
 
 

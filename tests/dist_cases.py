@@ -194,6 +194,13 @@ def _collectives(dt: torch.dtype) -> dict[str, Callable[[], None]]:
                 dist.all_gather_into_tensor(o, x)
         for o in outs:
             same(o, torch.cat(xs), "all_gather_into_tensor (coalesced)")
+        ys = [x.clone(), x.clone()]
+        with dist._coalescing_manager(device=torch.device(TPU), async_ops=True) as cm:
+            for y in ys:
+                dist.all_reduce(y, op=_red(op))
+        cm.wait()
+        for y in ys:
+            same(y, ref, "all_reduce in _coalescing_manager(device=tpu)")
 
     def async_work() -> None:
         y = x.clone()
@@ -288,6 +295,16 @@ def mismatched_shapes() -> str:
         y = torch.ones(3, device=TPU)
         dist.all_reduce(y)  # the group still works after the error
         same(y, torch.full((3,), float(world())), "all_reduce after a mismatch")
+        # Rank 0 small enough to ride in the agreement check, rank 1 not: still an error on both.
+        z = torch.ones(4 if rank() == 0 else 1 << 16, device=TPU)
+        try:
+            dist.all_reduce(z)
+        except RuntimeError as e2:
+            assert "rank 0: float32[4]" in str(e2) and "rank 1: float32[65536]" in str(e2), e2
+        else:
+            raise AssertionError("small vs large all_reduce did not raise")
+        dist.all_reduce(y)
+        same(y, torch.full((3,), float(world() ** 2)), "all_reduce after a small/large mismatch")
         return str(e)
     raise AssertionError("mismatched shapes did not raise")
 
@@ -308,8 +325,17 @@ def mismatched_dtypes() -> str:
 def cpu_tensor_on_tpu_group() -> str:
     try:
         dist.all_reduce(torch.ones(3))
-    except (RuntimeError, TypeError, ValueError) as e:
-        assert "cpu" in str(e).lower(), e
+    except RuntimeError as e:
+        assert "cpu:gloo,tpu:tpu_dist" in str(e) and ".to('tpu')" in str(e), e
+        try:
+            dist.broadcast(torch.ones(3), src=0)
+        except RuntimeError as e2:
+            assert "cpu:gloo,tpu:tpu_dist" in str(e2), e2
+        else:
+            raise AssertionError("a CPU broadcast on a tpu_dist group did not raise") from None
+        x = torch.ones(3, device=TPU)
+        dist.all_reduce(x)  # the group still works
+        same(x, torch.full((3,), float(world())), "all_reduce after the CPU-tensor error")
         return str(e)
     raise AssertionError("a CPU tensor on a tpu_dist group did not raise")
 

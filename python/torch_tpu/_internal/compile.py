@@ -330,9 +330,32 @@ class _Describer:
 _graph_counter = [0]
 
 # What the backend did with each FX graph it was given (tests and compile_stats() read these).
-STATS = {"graphs": 0, "programs": 0, "partitioned_graphs": 0, "eager_nodes": 0, "eager_graphs": 0}
+STATS = {"graphs": 0, "programs": 0, "partitioned_graphs": 0, "eager_nodes": 0, "eager_graphs": 0,
+         "aot_cache_hits": 0}
+# One entry per program built: {"graph", "aot": "traced" | "aot_cache", "xla": "xla_compiled" |
+# "xla_disk" | "xla_memory"}: which tier of each cache served it.
+GRAPH_TIERS: list[dict[str, str]] = []
+_AOT_TIER = ["traced"]  # "aot_cache" while a cached AOTAutograd entry rebuilds its programs
 
 _NODE_ERROR = re.compile(r"graph node (\d+) unsupported")
+
+
+def _build(desc: dict[str, Any]) -> int:
+    """Builds a described graph (XLA compile, or the runtime's memory/disk cache) and records
+    which tier of each cache served it in GRAPH_TIERS."""
+    before = _C._cache_stats()
+    gid = _C._graph_build(desc)
+    after = _C._cache_stats()
+    tier = next((t for t, k in (("xla_disk", "disk_hits"), ("xla_compiled", "misses"))
+                 if after[k] > before[k]), "xla_memory")
+    GRAPH_TIERS.append({"graph": desc["name"], "aot": _AOT_TIER[0], "xla": tier})
+    STATS["programs"] += 1
+    return gid
+
+
+def _tpu_device(example_inputs: Sequence[Any]) -> torch.device:
+    return next((a.device for a in example_inputs if isinstance(a, torch.Tensor) and a.device.type == "tpu"),
+                torch.device("tpu"))
 
 
 class _Program:
@@ -347,16 +370,26 @@ class _Program:
             if not _has_lowering(base):
                 raise Unsupported(f"no lowering for aten::{base}", describer.node_of[i])
         try:
-            self.gid = _C._graph_build(desc)
+            self.gid = _build(desc)
         except RuntimeError as e:
             m = _NODE_ERROR.search(str(e))
             if m is None:
                 raise
             raise Unsupported(str(e), describer.node_of[int(m.group(1))]) from None
-        STATS["programs"] += 1
-        device = next((a.device for a in example_inputs if isinstance(a, torch.Tensor) and a.device.type == "tpu"),
-                      torch.device("tpu"))
+        # What a warm start needs to rebuild this program in another process (TpuOutputCode).
+        self.desc, self.cpu_consts = desc, constants
+        self.consts = [c.to(_tpu_device(example_inputs)) for c in constants]
+
+    @classmethod
+    def rebuild(cls, desc: dict[str, Any], spec: list, constants: list[torch.Tensor],
+                device: torch.device) -> _Program:
+        """The program a cached description stands for (its XLA executable comes from the
+        runtime's compile cache when TORCH_TPU_CACHE_DIR holds it)."""
+        self = cls.__new__(cls)
+        self.gid = _build(desc)
+        self.spec, self.desc, self.cpu_consts = spec, desc, constants
         self.consts = [c.to(device) for c in constants]
+        return self
 
     def __call__(self, args: Sequence[Any]) -> list[Any]:
         tensors = [a if isinstance(a, torch.Tensor) else torch.tensor(
@@ -476,30 +509,25 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any],
     (custom_compiler_options() blocks add theirs)."""
     from torch._functorch.aot_autograd import make_boxed_func
 
+    from torch_tpu._internal.compile_cache import TpuOutputCode
     from torch_tpu.distributed import _compile as dist_compile
 
     if dist_compile.has_collectives(gm):  # split at collectives (torch_tpu/distributed/_compile.py)
-        return dist_compile.split_at_collectives(
-            gm, lambda g, inputs: compile_graph(g, inputs, options))
+        return TpuOutputCode(dist_compile.split_at_collectives(
+            gm, lambda g, inputs: compile_graph(g, inputs, options)))
+
     STATS["graphs"] += 1
     xla = xla_options.encode({**(options or {}), **xla_options.current()})
     try:
         program = _Program(gm, example_inputs, xla)
     except Unsupported as e:
         try:
-            return make_boxed_func(_split(gm, example_inputs, e, xla))
+            return TpuOutputCode(make_boxed_func(_split(gm, example_inputs, e, xla)))
         except Unsupported as e2:
             STATS["eager_graphs"] += 1
             warnings.warn(f"torch_tpu: compiled graph runs op by op in eager mode ({e2})", stacklevel=2)
-            return make_boxed_func(gm.forward)
-
-    def run(args: list[Any]) -> list[Any]:
-        result = program(args)
-        args.clear()
-        return result
-
-    run._boxed_call = True  # type: ignore[attr-defined]
-    return run
+            return TpuOutputCode(make_boxed_func(gm.forward))
+    return TpuOutputCode(program)
 
 
 # Python kernels PyTorch installs on these ops' CompositeImplicitAutograd/Autograd keys decompose
@@ -615,15 +643,25 @@ class TpuBackend:
 
         key = tuple(sorted((k, repr(v)) for k, v in options.items()))
         if key not in self._aots:
-            compiler = functools.partial(compile_graph, options=options)
-            self._aots[key] = aot_autograd(fw_compiler=compiler, bw_compiler=compiler,
+            from torch._functorch._aot_autograd.schemas import SerializableAOTDispatchCompiler
+
+            from torch_tpu._internal.compile_cache import TpuOutputCode
+
+            # Compilers returning an OutputCode (SerializableAOTDispatchCompiler) are what make
+            # AOTAutograd consult its cache (torch._functorch._aot_autograd.autograd_cache).
+            def serializable() -> Callable:
+                return SerializableAOTDispatchCompiler(TpuOutputCode, functools.partial(compile_graph, options=options))
+
+            self._aots[key] = aot_autograd(fw_compiler=serializable(), bw_compiler=serializable(),
                                            decompositions=decompositions(), keep_inference_input_mutations=True)
         return self._aots[key]
 
     def __call__(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any], mode: str | None = None,
                  options: dict[str, Any] | None = None, **kwargs: Any) -> Callable:
+        from torch_tpu._internal.compile_cache import aot_cache
+
         opts = {**_mode_options(mode), **self.options, **xla_options.validate(options)}
-        with lowered_ops_stay_whole():
+        with lowered_ops_stay_whole(), aot_cache(xla_options.encode({**opts, **xla_options.current()})):
             return self._aot(opts)(gm, example_inputs, **kwargs)
 
 

@@ -48,6 +48,10 @@ class _GroupState:
         self.rank = rank
         self.size = size
         self.default_fixed = False
+        # Agreement-check buffers, reused by every call (the check is synchronous): one row is
+        # the signature plus room for a small inline payload, `rows` receives every rank's row.
+        self.row: torch.Tensor | None = None
+        self.rows: torch.Tensor | None = None
 
 
 # id(gloo backend python object) -> state. The dict keeps the wrapper alive, so pybind hands
@@ -271,18 +275,43 @@ def _signature(
     return row
 
 
-def _agree(st: _GroupState, name: str, row: list[int], timeout_ms: int = -1) -> None:
-    """All ranks compare signatures; all raise the same error when they differ."""
+_INLINE_BYTES = 4 * 1024  # payloads up to this size ride in the agreement check (same on every rank)
+_INLINE_FLAG = 16  # signature slot: 1 when the caller put its payload in the check row
+
+
+def _agree(st: _GroupState, name: str, row: list[int], timeout_ms: int = -1,
+           payload: torch.Tensor | None = None) -> torch.Tensor | None:
+    """All ranks compare signatures; all raise the same error when they differ.
+
+    Every rank always sends a row of the same size (signature + `_INLINE_BYTES`), so a rank whose
+    tensor is small can put its data in the row while another's is large, and the check still
+    completes on every rank and reports the mismatch. When every rank inlined its `payload`
+    (decided from signature fields only, so ranks that agree also agree on this), the gathered
+    payloads are returned as a [world, nbytes] uint8 view of a reused buffer (read it before the
+    next collective): the caller finishes the collective locally, one round trip in all.
+    """
     if st.check is None:
-        return
-    mine = torch.tensor(row, dtype=torch.int64)
-    rows = [torch.empty_like(mine) for _ in range(st.size)]
+        return None
+    head = len(row)
+    width = head + _INLINE_BYTES // 8
+    if st.row is None or st.row.numel() != width:
+        st.row = torch.zeros(width, dtype=torch.int64)
+        st.rows = torch.empty(st.size * width, dtype=torch.int64)
+    assert st.rows is not None
+    nbytes = 0
+    if payload is not None:
+        raw = payload.reshape(-1).view(torch.uint8)
+        nbytes = raw.numel()
+        st.row[head:].view(torch.uint8)[:nbytes].copy_(raw)
+        row[_INLINE_FLAG] = 1
+    st.row[:head].copy_(torch.tensor(row, dtype=torch.int64))
     try:
-        st.check.allgather([rows], [mine], _opts(c10d.AllgatherOptions, timeout_ms)).wait()
+        st.check._allgather_base(st.rows, st.row, _opts(c10d.AllgatherOptions, timeout_ms)).wait()
     except RuntimeError as e:
         raise RuntimeError(f"tpu_dist: {name} failed while ranks compared arguments "
                            f"(a rank may have died or called a different collective): {e}") from e
-    table = [r.tolist() for r in rows]
+    gathered = st.rows.view(st.size, width)
+    table = gathered[:, :head].tolist()
     ref = table[0]
     bad = [r for r in range(st.size) if table[r][:_SIG_HEAD] != ref[:_SIG_HEAD]]
     if ref[0] == _A2A_CODE and not bad:
@@ -302,6 +331,9 @@ def _agree(st: _GroupState, name: str, row: list[int], timeout_ms: int = -1) -> 
             f"tpu_dist: {name} was called with different arguments across ranks ({desc}). "
             "Every rank must pass tensors of the same shape and dtype (and the same root/op)."
         )
+    if payload is None:
+        return None
+    return gathered[:, head:].view(torch.uint8)[:, :nbytes]
 
 
 _A2A_CODE = 13
@@ -370,13 +402,21 @@ def _chain(works: list[Any], copies: _Copies, result: Any) -> Any:
                     dst.copy_(v)
         return result
 
-    return c10d._create_work_from_future(fut.then(done)).boxed()
+    return _record(c10d._create_work_from_future(fut.then(done))).boxed()
 
 
 def _done_work(result: Any) -> Any:
     fut: torch.futures.Future = torch.futures.Future()
     fut.set_result(result)
-    return c10d._create_work_from_future(fut).boxed()
+    return _record(c10d._create_work_from_future(fut)).boxed()
+
+
+def _record(work: Any) -> Any:
+    """Remember `work` while a `_coalescing_manager(device=tpu)` block is open on this thread."""
+    pending = getattr(_mode, "coalesced", None)
+    if pending is not None:
+        pending.append(work)
+    return work
 
 
 # ------------------------------------------------------------------ kernels
@@ -386,8 +426,58 @@ def _allreduce(tensors: list[torch.Tensor], pg: Any, reduce_op: Any, sparse: Any
     op = int(reduce_op.op())
     if sparse is not None:
         raise RuntimeError("tpu_dist: sparse all_reduce is not supported")
-    _agree(st, "all_reduce", _signature(st, 1, tensors[0], op=op, count=len(tensors)), timeout)
+    row = _signature(st, 1, tensors[0], op=op, count=len(tensors))
+    if st.check is not None and len(tensors) == 1 and _inline_ok(tensors[0], op):
+        return tensors, _allreduce_inline(st, tensors[0], op, reduce_op, row, timeout)
+    _agree(st, "all_reduce", row, timeout)
     return tensors, _reduce_many(st, tensors, op, reduce_op, timeout, lambda g, ws, o: g.allreduce(ws, o))
+
+
+_BITWISE = (int(_RED.BAND), int(_RED.BOR), int(_RED.BXOR))
+_LOCAL_REDUCE: dict[int, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {
+    int(_RED.SUM): torch.add, int(_RED.PRODUCT): torch.mul, int(_RED.MIN): torch.minimum,
+    int(_RED.MAX): torch.maximum, int(_RED.BAND): torch.bitwise_and, int(_RED.BOR): torch.bitwise_or,
+    int(_RED.BXOR): torch.bitwise_xor,
+}
+
+
+def _inline_ok(t: torch.Tensor, op: int) -> bool:
+    """Small all_reduce done inside the agreement check. Depends only on signature fields."""
+    if t.dtype not in _GLOO_DTYPES or t.numel() * t.element_size() > _INLINE_BYTES:
+        return False
+    if t.dtype == torch.bool:
+        return op in (int(_RED.SUM), int(_RED.PRODUCT), int(_RED.MIN), int(_RED.MAX), *_BITWISE)
+    if t.is_floating_point():
+        return op not in _BITWISE
+    return op != int(_RED.PREMUL_SUM)
+
+
+def _inline_gather_ok(t: torch.Tensor) -> bool:
+    """all_gather input small enough to travel in the agreement check (signature fields only)."""
+    return t.dtype in _GLOO_DTYPES and t.numel() * t.element_size() <= _INLINE_BYTES
+
+
+def _allreduce_inline(st: _GroupState, t: torch.Tensor, op: int, op_obj: Any, row: list[int],
+                      timeout: int) -> Any:
+    # The payloads travel with the signatures (one gloo round trip instead of two); every rank
+    # reduces the gathered rows in rank order, so all ranks get bitwise-identical results.
+    _mode.inline = False
+    h = _host_in(t)
+    if op == int(_RED.PREMUL_SUM):
+        h = h * _premul_factor(op_obj).to(h.dtype)
+    rows = _agree(st, "all_reduce", row, timeout, payload=h)
+    assert rows is not None
+    dtype = h.dtype
+    fn = _LOCAL_REDUCE[int(_wire_op(h, op))]
+    del h  # drop the read alias of t's buffer before writing t
+    parts = rows.view(dtype)
+    acc = fn(parts[0], parts[1])
+    for r in range(2, st.size):
+        acc = fn(acc, parts[r])
+    acc = _post_reduce(acc, op, st.size)
+    with torch.no_grad():
+        t.copy_(acc.view(t.shape))
+    return _done_work([t])
 
 
 def _reduce_many(st: _GroupState, tensors: list[torch.Tensor], op: int, op_obj: Any, timeout: int,
@@ -467,11 +557,18 @@ def _allgather(outputs: list[list[torch.Tensor]], inputs: list[torch.Tensor], pg
 def _allgather_base(output: torch.Tensor, inp: torch.Tensor, pg: Any, async_op: bool = True,
                     timeout: int = -1) -> tuple[torch.Tensor, Any]:
     st = _state(pg, async_op)
-    _agree(st, "all_gather_into_tensor", _signature(st, 6, inp), timeout)
+    row = _signature(st, 6, inp)
+    small = st.check is not None and _inline_gather_ok(inp)
+    rows = _agree(st, "all_gather_into_tensor", row, timeout, payload=_host_in(inp) if small else None)
     if output.numel() != inp.numel() * st.size or output.dtype != inp.dtype:
         raise RuntimeError(
             f"tpu_dist: all_gather_into_tensor needs an output of {inp.numel() * st.size} "
             f"{inp.dtype} elements (world size x input), got {output.dtype}{list(output.shape)}")
+    if rows is not None:  # the inputs came with the signatures
+        _mode.inline = False
+        with torch.no_grad():
+            output.copy_(rows.reshape(-1).view(inp.dtype).view(output.shape))
+        return output, _done_work(output)
     h = _bytes(_host_in(inp))
     out = h.new_empty((h.numel() * st.size,))
     work = st.gloo._allgather_base(out, h.reshape(-1), _opts(c10d.AllgatherOptions, timeout))
@@ -687,8 +784,89 @@ def install_kernels() -> None:
         _kernels = lib
 
 
+_NO_CPU = "No backend type associated with device type cpu"
+_CPU_HINT = (
+    "tpu_dist: this process group has no backend for CPU tensors: 'tpu_dist' (and 'tpu') run "
+    "collectives on tpu tensors only. Move the tensor with .to('tpu'), or create the group with "
+    "init_process_group('cpu:gloo,tpu:tpu_dist') so CPU tensors use gloo"
+)
+
+
+def _install_cpu_hint() -> None:
+    """Say which backend to use when a CPU tensor reaches a group that only has tpu_dist.
+
+    c10d raises that error in C++ (ProcessGroup::getBackend, before any backend code runs), so
+    it is rewritten on its way out: every public collective of torch.distributed is wrapped by
+    c10d's `_exception_logger`, which calls `c10d_logger._get_msg_dict` only while handling an
+    exception. We wrap that helper; the success path of every collective is untouched.
+    """
+    import sys
+
+    from torch.distributed import c10d_logger
+
+    orig = c10d_logger._get_msg_dict
+    if getattr(orig, "_tpu_dist", False):
+        return
+
+    def get_msg_dict(func_name: str, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        err = sys.exc_info()[1]
+        if isinstance(err, RuntimeError) and _NO_CPU in str(err) and _states:
+            raise RuntimeError(f"{_CPU_HINT} ({func_name}: {err})") from err
+        return orig(func_name, *args, **kwargs)
+
+    get_msg_dict._tpu_dist = True  # type: ignore[attr-defined]
+    c10d_logger._get_msg_dict = get_msg_dict
+
+
+def _ours(pg: Any, device: Any) -> bool:
+    if torch.device(device).type != "tpu":
+        return False
+    try:
+        return id(pg._get_backend(torch.device("tpu"))) in _states
+    except RuntimeError:
+        return False
+
+
+def _install_coalescing() -> None:
+    """`dist._coalescing_manager(group, device=tpu)`: gloo has no start/endCoalescing.
+
+    The collectives inside the block run as they are called (all_reduce / all_gather_into_tensor /
+    reduce_scatter_tensor are captured by the manager and sent as one coalesced call); the Work
+    returned at the end completes when every collective issued in the block has.
+    """
+    pg_cls = dist.ProcessGroup
+    start, end = pg_cls._start_coalescing, pg_cls._end_coalescing
+    if getattr(start, "_tpu_dist", False):
+        return
+
+    def start_coalescing(self: Any, device: Any) -> None:
+        if not _ours(self, device):
+            return start(self, device)
+        if getattr(_mode, "coalesced", None) is not None:
+            raise RuntimeError("tpu_dist: a coalescing block is already open on this thread")
+        _mode.coalesced = []
+        return None
+
+    def end_coalescing(self: Any, device: Any) -> Any:
+        if not _ours(self, device):
+            return end(self, device)
+        works = getattr(_mode, "coalesced", None) or []
+        _mode.coalesced = None
+        if not works:
+            fut: torch.futures.Future = torch.futures.Future()
+            fut.set_result(None)
+            return c10d._create_work_from_future(fut)
+        return c10d._create_work_from_future(torch.futures.collect_all([w.get_future() for w in works]))
+
+    start_coalescing._tpu_dist = True  # type: ignore[attr-defined]
+    pg_cls._start_coalescing = start_coalescing
+    pg_cls._end_coalescing = end_coalescing
+
+
 def register() -> None:
     """Register 'tpu_dist' and 'tpu' as c10d backends for device 'tpu' (idempotent)."""
     for name in BACKEND_NAMES:
         if name.upper() not in dist.Backend._plugins:
             dist.Backend.register_backend(name, _create, devices=["tpu"])
+    _install_cpu_hint()
+    _install_coalescing()

@@ -1,0 +1,65 @@
+"""Warm start across processes: PyTorch's AOTAutogradCache (and Dynamo's precompile cache)
+serve the tpu backend's graphs, whose XLA executables come from TORCH_TPU_CACHE_DIR."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+# Compiles the same tiny model twice: with PyTorch's default caches (AOTAutogradCache), then with
+# Dynamo's caching precompile on (its AOTAutograd key differs: it holds the precompile backend id).
+CHILD = r"""
+import json, sys
+import torch, torch_tpu
+from torch._dynamo.utils import counters
+
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.Linear(16, 4)).to("tpu")
+x = torch.randn(3, 8).to("tpu")
+result = {}
+for precompile in (False, True):
+    torch._dynamo.reset()
+    torch._dynamo.config.caching_precompile = precompile
+    counters.clear()
+    n = len(torch_tpu.compile_stats()["graph_tiers"])
+    with torch.no_grad():
+        out = torch.compile(model, backend="tpu")(x).cpu()
+    if precompile:
+        torch.compiler.save_cache_artifacts()  # writes Dynamo's package under TORCHINDUCTOR_CACHE_DIR
+    result[str(precompile)] = {"out": out.tolist(), "tiers": torch_tpu.compile_stats()["graph_tiers"][n:],
+                               "dynamo": dict(counters["dynamo_cache"])}
+print(json.dumps(result))
+"""
+
+
+def _run(tmp: Path) -> dict:
+    env = {**os.environ, "TORCH_TPU_CACHE_DIR": str(tmp / "xla"), "TORCHINDUCTOR_CACHE_DIR": str(tmp / "torch")}
+    env.pop("TORCH_CACHING_PRECOMPILE", None)
+    proc = subprocess.run([sys.executable, "-c", CHILD], env=env, capture_output=True, text=True,
+                          timeout=300, check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_second_process_hits_aot_autograd_and_dynamo_caches(tmp_path: Path) -> None:
+    import torch
+
+    cold, warm = _run(tmp_path), _run(tmp_path)
+    # cold: everything traced, XLA compiles once
+    assert [(t["aot"], t["xla"]) for t in cold["False"]["tiers"]] == [("traced", "xla_compiled")]
+    assert cold["True"]["dynamo"].get("dynamo_cache_miss") == 1
+    # warm, PyTorch's defaults: Dynamo traces, AOTAutogradCache gives the graph, XLA loads from disk
+    assert [(t["aot"], t["xla"]) for t in warm["False"]["tiers"]] == [("aot_cache", "xla_disk")]
+    # warm, caching precompile: the Dynamo frame is installed from disk too (nothing traced)
+    assert warm["True"]["dynamo"].get("dynamo_cache_hit") == 1
+    assert [t["aot"] for t in warm["True"]["tiers"]] == ["aot_cache"]
+    for run in (cold["True"], warm["False"], warm["True"]):
+        torch.testing.assert_close(torch.tensor(run["out"]), torch.tensor(cold["False"]["out"]), rtol=0, atol=0)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.Linear(16, 4))
+    with torch.no_grad():
+        ref = model(torch.randn(3, 8))
+    torch.testing.assert_close(torch.tensor(cold["False"]["out"]), ref, rtol=1e-5, atol=1e-5)
