@@ -11,6 +11,7 @@
 #include "plan_call.h"
 #include "runtime/context.h"
 #include "runtime/device_checks.h"
+#include "runtime/profiler.h"
 
 namespace tpu::aten {
 
@@ -58,6 +59,7 @@ at::Tensor to_host(const at::Tensor& src) {
   if (!same_width) {
     // Reinterpret across widths on the host: pull the raw storage bytes, view them.
     at::Tensor raw = at::empty({static_cast<int64_t>(st.nbytes)}, at::TensorOptions().dtype(at::kByte));
+    runtime::prof::Range prof_range("d2h");  // a host sync
     st.buffer->to_host(raw.data_ptr(), st.nbytes);
     dispatch_stats().host_syncs++;
     at::Tensor typed = raw.view(src.scalar_type());
@@ -72,6 +74,7 @@ at::Tensor to_host(const at::Tensor& src) {
     fused_flush();  // the buffer is read below
   }
   runtime::StorageState& ds = state_of(dev);
+  runtime::prof::Range prof_range("d2h");  // a host sync
   ds.buffer->to_host(host.data_ptr(), static_cast<size_t>(host.numel()) * host.itemsize());
   dispatch_stats().host_syncs++;
   return host;
@@ -85,6 +88,7 @@ at::Tensor from_host(const at::Tensor& host_in, int device) {
   ElemType e = elem_of(host.scalar_type());
   runtime::StorageState& st = state_of(dev);
   auto& ctx = runtime::Context::get();
+  runtime::prof::Range prof_range("h2d");
   auto buf = ctx.client().from_host(host.data_ptr(), pjrt_of(e), {host.numel()}, ctx.device(device));
   std::lock_guard<std::mutex> lock(st.mu);
   st.buffer = std::move(buf);
@@ -124,6 +128,7 @@ void copy_into(const at::Tensor& dst, const at::Tensor& src) {
     if (whole) {
       h = h.contiguous();
       auto& ctx = runtime::Context::get();
+      runtime::prof::Range prof_range("h2d");
       auto buf = ctx.client().from_host(h.data_ptr(), pjrt_of(e), {h.numel()}, ctx.device(st.device));
       std::lock_guard<std::mutex> lock(st.mu);
       st.buffer = std::move(buf);

@@ -24,6 +24,7 @@
 #include "common.h"
 #include "plan_call.h"
 #include "cpu_fallback.h"
+#include "dispatch.h"
 #include "cuda_compat.h"
 
 namespace tpu::aten {

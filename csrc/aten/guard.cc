@@ -1,7 +1,5 @@
-// Device guard: a thread-local current device and one (default) stream per device. PJRT orders
-// work by buffer dependencies, so streams carry no extra semantics; synchronize waits for all
-// launched work.
-#include <c10/core/impl/DeviceGuardImplInterface.h>
+#include "guard.h"
+
 #include <c10/util/Exception.h>
 
 #include "common.h"
@@ -13,64 +11,80 @@ namespace tpu::aten {
 
 namespace {
 thread_local c10::DeviceIndex current_device = 0;
-
-struct TpuGuardImpl final : public c10::impl::DeviceGuardImplInterface {
-  c10::DeviceType type() const override { return kTpu; }
-  c10::Device exchangeDevice(c10::Device d) const override {
-    c10::Device old = getDevice();
-    if (d.index() != old.index()) setDevice(d);
-    return old;
-  }
-  c10::Device getDevice() const override { return c10::Device(kTpu, current_device); }
-  void setDevice(c10::Device d) const override {
-    TORCH_CHECK(d.type() == kTpu, "expected a tpu device, got ", d);
-    if (d.index() < 0) return;
-    int n = deviceCount();
-    TORCH_CHECK(d.index() < n, "tpu device index ", static_cast<int>(d.index()),
-                " is out of range: there are ", n,
-                " tpu devices (set TORCH_TPU_NUM_DEVICES to emulate more on the CPU plugin)");
-    current_device = d.index();
-  }
-  void uncheckedSetDevice(c10::Device d) const noexcept override {
-    if (d.index() >= 0) current_device = d.index();
-  }
-  c10::Stream getStream(c10::Device d) const override {
-    return c10::Stream(c10::Stream::DEFAULT, d);
-  }
-  c10::Stream getDefaultStream(c10::Device d) const override {
-    return c10::Stream(c10::Stream::DEFAULT, d);
-  }
-  c10::Stream getNewStream(c10::Device d, int) const override {
-    return c10::Stream(c10::Stream::DEFAULT, d);
-  }
-  c10::Stream getStreamFromGlobalPool(c10::Device d, bool) const override {
-    return c10::Stream(c10::Stream::DEFAULT, d);
-  }
-  c10::Stream exchangeStream(c10::Stream s) const override {
-    return c10::Stream(c10::Stream::DEFAULT, s.device());
-  }
-  c10::DeviceIndex deviceCount() const noexcept override {
-    try {
-      return static_cast<c10::DeviceIndex>(runtime::Context::get().device_count());
-    } catch (...) {
-      return 0;
-    }
-  }
-  bool queryStream(const c10::Stream&) const override { return runtime::Executor::get().idle(); }
-  void synchronizeStream(const c10::Stream&) const override { runtime::Executor::get().synchronize(); }
-  void synchronizeDevice(const c10::DeviceIndex) const override {
-    fused_flush();
-    runtime::Executor::get().synchronize();
-  }
-  // Events: a recorded event is "everything launched so far"; record = no-op marker.
-  void record(void**, const c10::Stream&, const c10::DeviceIndex, const c10::EventFlag) const override {}
-  void block(void*, const c10::Stream&) const override {}
-  bool queryEvent(void*) const override { return runtime::Executor::get().idle(); }
-  void synchronizeEvent(void*) const override { runtime::Executor::get().synchronize(); }
-  void destroyEvent(void*, const c10::DeviceIndex) const noexcept override {}
-  void recordDataPtrOnStream(const c10::DataPtr&, const c10::Stream&) const override {}
-};
 }  // namespace
+
+c10::DeviceType TpuGuardImpl::type() const { return kTpu; }
+
+c10::Device TpuGuardImpl::exchangeDevice(c10::Device d) const {
+  c10::Device old = getDevice();
+  if (d.index() != old.index()) setDevice(d);
+  return old;
+}
+
+c10::Device TpuGuardImpl::getDevice() const { return c10::Device(kTpu, current_device); }
+
+void TpuGuardImpl::setDevice(c10::Device d) const {
+  TORCH_CHECK(d.type() == kTpu, "expected a tpu device, got ", d);
+  if (d.index() < 0) return;
+  int n = deviceCount();
+  TORCH_CHECK(d.index() < n, "tpu device index ", static_cast<int>(d.index()),
+              " is out of range: there are ", n,
+              " tpu devices (set TORCH_TPU_NUM_DEVICES to emulate more on the CPU plugin)");
+  current_device = d.index();
+}
+
+void TpuGuardImpl::uncheckedSetDevice(c10::Device d) const noexcept {
+  if (d.index() >= 0) current_device = d.index();
+}
+
+c10::Stream TpuGuardImpl::getStream(c10::Device d) const {
+  return c10::Stream(c10::Stream::DEFAULT, d);
+}
+
+c10::Stream TpuGuardImpl::getDefaultStream(c10::Device d) const {
+  return c10::Stream(c10::Stream::DEFAULT, d);
+}
+
+c10::Stream TpuGuardImpl::getNewStream(c10::Device d, int) const {
+  return c10::Stream(c10::Stream::DEFAULT, d);
+}
+
+c10::Stream TpuGuardImpl::getStreamFromGlobalPool(c10::Device d, bool) const {
+  return c10::Stream(c10::Stream::DEFAULT, d);
+}
+
+c10::Stream TpuGuardImpl::exchangeStream(c10::Stream s) const {
+  return c10::Stream(c10::Stream::DEFAULT, s.device());
+}
+
+c10::DeviceIndex TpuGuardImpl::deviceCount() const noexcept {
+  try {
+    return static_cast<c10::DeviceIndex>(runtime::Context::get().device_count());
+  } catch (...) {
+    return 0;
+  }
+}
+
+bool TpuGuardImpl::queryStream(const c10::Stream&) const { return runtime::Executor::get().idle(); }
+
+void TpuGuardImpl::synchronizeStream(const c10::Stream&) const { runtime::Executor::get().synchronize(); }
+
+void TpuGuardImpl::synchronizeDevice(const c10::DeviceIndex) const {
+  fused_flush();
+  runtime::Executor::get().synchronize();
+}
+
+void TpuGuardImpl::record(void**, const c10::Stream&, const c10::DeviceIndex, const c10::EventFlag) const {}
+
+void TpuGuardImpl::block(void*, const c10::Stream&) const {}
+
+bool TpuGuardImpl::queryEvent(void*) const { return runtime::Executor::get().idle(); }
+
+void TpuGuardImpl::synchronizeEvent(void*) const { runtime::Executor::get().synchronize(); }
+
+void TpuGuardImpl::destroyEvent(void*, const c10::DeviceIndex) const noexcept {}
+
+void TpuGuardImpl::recordDataPtrOnStream(const c10::DataPtr&, const c10::Stream&) const {}
 
 C10_REGISTER_GUARD_IMPL(PrivateUse1, TpuGuardImpl);
 

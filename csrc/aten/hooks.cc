@@ -1,6 +1,5 @@
-// PrivateUse1 hooks: what torch.accelerator, autograd and the generic device code ask of a
-// backend. Registered when the extension loads (before Python renames PrivateUse1 to "tpu").
-#include <ATen/detail/PrivateUse1HooksInterface.h>
+#include "hooks.h"
+
 #include <c10/core/CPUAllocator.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 
@@ -8,55 +7,60 @@
 
 #include "allocator.h"
 #include "common.h"
+#include "dispatch.h"
 #include "generator.h"
+#include "ops_runtime.h"
 #include "runtime/context.h"
 
 namespace tpu::aten {
 
-namespace {
-struct TpuHooks final : public at::PrivateUse1HooksInterface {
-  bool isBuilt() const override { return true; }
-  bool isAvailable() const override {
-    try {
-      return runtime::Context::get().device_count() > 0;
-    } catch (...) {
-      return false;
-    }
-  }
-  bool hasPrimaryContext(c10::DeviceIndex) const override { return true; }
-  const at::Generator& getDefaultGenerator(c10::DeviceIndex idx) const override {
-    return default_generator(idx);
-  }
-  at::Generator getNewGenerator(c10::DeviceIndex idx) const override {
-    return at::make_generator<TpuGenerator>(idx < 0 ? 0 : idx);
-  }
-  at::Device getDeviceFromPtr(void*) const override { return c10::Device(kTpu, 0); }
-  bool isPinnedPtr(const void*) const override { return false; }
-  c10::Allocator* getPinnedMemoryAllocator() const override { return c10::GetCPUAllocator(); }
-  c10::DeviceIndex deviceCount() const override {
-    return c10::impl::getDeviceGuardImpl(kTpu)->deviceCount();
-  }
-  void setCurrentDevice(c10::DeviceIndex d) const override {
-    c10::impl::getDeviceGuardImpl(kTpu)->setDevice(c10::Device(kTpu, d));
-  }
-  c10::DeviceIndex getCurrentDevice() const override {
-    return c10::impl::getDeviceGuardImpl(kTpu)->getDevice().index();
-  }
-  c10::DeviceIndex exchangeDevice(c10::DeviceIndex d) const override {
-    return c10::impl::getDeviceGuardImpl(kTpu)->exchangeDevice(c10::Device(kTpu, d)).index();
-  }
-  c10::DeviceIndex maybeExchangeDevice(c10::DeviceIndex d) const override { return exchangeDevice(d); }
-  void resizePrivateUse1Bytes(const c10::Storage& storage, size_t newsize) const override;
-};
-}  // namespace
+bool TpuHooks::isBuilt() const { return true; }
 
-void resize_storage_bytes(const c10::Storage& storage, size_t newsize);  // ops_runtime.cc
+bool TpuHooks::isAvailable() const {
+  try {
+    return runtime::Context::get().device_count() > 0;
+  } catch (...) {
+    return false;
+  }
+}
+
+bool TpuHooks::hasPrimaryContext(c10::DeviceIndex) const { return true; }
+
+const at::Generator& TpuHooks::getDefaultGenerator(c10::DeviceIndex idx) const {
+  return default_generator(idx);
+}
+
+at::Generator TpuHooks::getNewGenerator(c10::DeviceIndex idx) const {
+  return at::make_generator<TpuGenerator>(idx < 0 ? 0 : idx);
+}
+
+at::Device TpuHooks::getDeviceFromPtr(void*) const { return c10::Device(kTpu, 0); }
+
+bool TpuHooks::isPinnedPtr(const void*) const { return false; }
+
+c10::Allocator* TpuHooks::getPinnedMemoryAllocator() const { return c10::GetCPUAllocator(); }
+
+c10::DeviceIndex TpuHooks::deviceCount() const {
+  return c10::impl::getDeviceGuardImpl(kTpu)->deviceCount();
+}
+
+void TpuHooks::setCurrentDevice(c10::DeviceIndex d) const {
+  c10::impl::getDeviceGuardImpl(kTpu)->setDevice(c10::Device(kTpu, d));
+}
+
+c10::DeviceIndex TpuHooks::getCurrentDevice() const {
+  return c10::impl::getDeviceGuardImpl(kTpu)->getDevice().index();
+}
+
+c10::DeviceIndex TpuHooks::exchangeDevice(c10::DeviceIndex d) const {
+  return c10::impl::getDeviceGuardImpl(kTpu)->exchangeDevice(c10::Device(kTpu, d)).index();
+}
+
+c10::DeviceIndex TpuHooks::maybeExchangeDevice(c10::DeviceIndex d) const { return exchangeDevice(d); }
 
 void TpuHooks::resizePrivateUse1Bytes(const c10::Storage& storage, size_t newsize) const {
   resize_storage_bytes(storage, newsize);
 }
-
-void register_lowered_kernels();  // dispatch.cc
 
 void register_hooks() {
   static bool done = false;

@@ -18,6 +18,7 @@
 #include <ATen/ops/unfold_native.h>
 #include <ATen/ops/view_native.h>
 
+#include "ops_runtime.h"
 #include "allocator.h"
 #include "common.h"
 #include "plan_call.h"
@@ -29,7 +30,6 @@ namespace tpu::aten {
 
 using shlo::ElemType;
 
-void resize_storage_bytes(const c10::Storage& storage, size_t newsize);
 
 namespace {
 

@@ -12,6 +12,7 @@
 #include "aten/cpu_fallback.h"
 #include "aten/generator.h"
 #include "aten/graph.h"
+#include "aten/hooks.h"
 #include "lowering/jax_call.h"
 #include "lowering/lowering.h"
 #include "runtime/compile_cache.h"
@@ -21,9 +22,6 @@
 
 namespace py = pybind11;
 
-namespace tpu::aten {
-void register_hooks();
-}
 
 namespace {
 

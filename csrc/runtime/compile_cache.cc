@@ -12,6 +12,7 @@
 #include <sstream>
 
 #include "context.h"
+#include "profiler.h"
 
 namespace tpu::runtime {
 
@@ -80,10 +81,12 @@ ProgramPtr CompileCache::get_or_compile_program(const std::string& mlir, const s
   const std::string opts = pjrt::portable_compile_options() + extra_options;
   std::string full_key = ctx.plugin_identity() + "\n" + CompileCache::hash_hex(opts) + "\n" + mlir;
   std::string key = hash_hex(full_key);
+  prof::CompileScope prof_scope(what);
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (auto it = mem_.find(key); it != mem_.end()) {
       stats_.memory_hits++;
+      prof_scope.tier("memory");
       if (events_.size() < kMaxEvents) events_.push_back({what, reason, "memory", 0});
       touch(*it->second);
       return it->second;
@@ -122,6 +125,7 @@ ProgramPtr CompileCache::get_or_compile_program(const std::string& mlir, const s
       std::lock_guard<std::mutex> lock(mu_);
       if (ok) {
         stats_.disk_hits++;
+        prof_scope.tier("disk");
         double ms = ms_since(t0);
         stats_.disk_load_ms += ms;
         if (events_.size() < kMaxEvents) events_.push_back({what, reason, "disk", ms});
@@ -149,6 +153,7 @@ ProgramPtr CompileCache::get_or_compile_program(const std::string& mlir, const s
     {
       std::lock_guard<std::mutex> lock(mu_);
       stats_.misses++;
+      prof_scope.tier("xla");
       stats_.compile_ms += ms;
       if (events_.size() < kMaxEvents) events_.push_back({what, reason, "compile", ms});
     }

@@ -7,6 +7,7 @@
 #include "compile_cache.h"
 #include "context.h"
 #include "device_checks.h"
+#include "profiler.h"
 
 namespace tpu::runtime {
 
@@ -32,8 +33,10 @@ std::vector<pjrt::BufferPtr> Executor::launch(const pjrt::Executable& exe, int d
                                               const std::vector<int64_t>& non_donatable,
                                               const std::string& what) {
   Context& ctx = Context::get();
+  prof::Range prof_range("launch", what);
   std::unique_ptr<pjrt::Event> done;
   auto outs = exe.execute(ctx.device(device), args, non_donatable, &done);
+  prof::track_launch(prof_range, outs, device, what);
   if (ctx.mode() == EagerMode::DeferNeverLaunchBlocking) {
     try {
       done->wait();
@@ -58,6 +61,7 @@ std::vector<pjrt::BufferPtr> Executor::launch(const pjrt::Executable& exe, int d
 }
 
 void Executor::synchronize() {
+  prof::Range prof_range("synchronize");
   std::deque<std::unique_ptr<pjrt::Event>> pending;
   {
     std::lock_guard<std::mutex> lock(mu_);
