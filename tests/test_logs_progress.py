@@ -24,7 +24,9 @@ def test_no_plugin_chatter_by_default_and_shown_on_request() -> None:
     assert quiet.stdout.strip() == "[2.0, 2.0]"
     assert "absl::InitializeLog" not in quiet.stderr and "cpu_device_count" not in quiet.stderr, quiet.stderr
     assert "compiling XLA programs" not in quiet.stderr  # no progress line without a terminal
-    loud = run_python(FIRST_OP, env={"TORCH_TPU_LOG_LEVEL": "info"})
+    # TF_CPP_MIN_LOG_LEVEL=0: importing jax (test_jax_op, same pytest process) sets it to 1, which
+    # children inherit and which hides the plugin's INFO lines whatever TORCH_TPU_LOG_LEVEL says.
+    loud = run_python(FIRST_OP, env={"TORCH_TPU_LOG_LEVEL": "info", "TF_CPP_MIN_LOG_LEVEL": "0"})
     assert loud.returncode == 0 and "cpu_device_count" in loud.stderr, loud.stderr
 
 
