@@ -5,27 +5,13 @@
 #include <c10/core/DispatchKeySet.h>
 #include <torch/library.h>
 
-#include <array>
 #include <optional>
-#include <string_view>
 
 #include "common.h"
 
 namespace tpu::aten {
 
 namespace {
-
-// Ops whose index arguments CUDA accepts from the CPU (or that users pass that way in practice).
-constexpr std::array<std::string_view, 16> kIndexOps = {
-    "index",    "index_put", "_index_put_impl", "index_select", "gather",    "scatter",
-    "scatter_add", "scatter_reduce", "index_add", "index_copy", "index_fill", "index_reduce",
-    "take",     "put",       "_unsafe_index", "_unsafe_index_put"};
-
-bool is_index_op(const std::string& base) {
-  for (std::string_view n : kIndexOps)
-    if (base == n) return true;
-  return false;
-}
 
 bool is_index_arg(const std::string& name) { return name == "index" || name == "indices"; }
 
@@ -45,7 +31,6 @@ bool is_cpu_index(const std::string& base, const c10::IValue& e) {
 }  // namespace
 
 void move_cpu_index_args(const c10::OperatorHandle& op, const std::string& base, torch::jit::Stack* stack) {
-  if (!is_index_op(base)) return;
   const auto& sargs = op.schema().arguments();
   const size_t first = stack->size() - sargs.size();
   std::optional<c10::Device> dev;

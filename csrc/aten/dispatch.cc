@@ -552,8 +552,8 @@ void tpu_boxed_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet, torch:
     at::native::cpu_fallback(op, stack, false);
     return;
   }
-  move_cpu_index_args(op, base, stack);
   if (const lowering::OpEntry* entry = lowering::find_op(base); entry && !entry->graph_only) {
+    if (entry->cpu_index_args) move_cpu_index_args(op, base, stack);
     if (entry->host_bool_indices) convert_bool_indices(op, stack);
     const bool foreach = entry->foreach;
     try {

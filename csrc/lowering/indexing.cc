@@ -352,7 +352,7 @@ Value take_rows(Builder& b, Value table, Value idx, const Bound& bound = {}) {
 }  // namespace
 
 // ---------------------------------------------------------------- index_select / gather
-TPU_LOWER_CHECKED(index_select) {
+TPU_LOWER_INDEXING(index_select) {
   Value self = c.tensor("self");
   Value index = c.tensor("index");
   const Type& o = out_type(c);
@@ -373,7 +373,7 @@ TPU_LOWER_CHECKED(index_select) {
   return {b.gather(self, coords, offset_dims, {dim}, {dim}, 1, slice_sizes, result)};
 }
 
-TPU_LOWER_CHECKED(gather) {
+TPU_LOWER_INDEXING(gather) {
   Value self = c.tensor("self");
   Value index = c.tensor("index");
   const Type& o = out_type(c);
@@ -388,7 +388,7 @@ TPU_LOWER_CHECKED(gather) {
 }
 
 // ---------------------------------------------------------------- scatter family
-TPU_LOWER_CHECKED(scatter) {
+TPU_LOWER_INDEXING(scatter) {
   Value self = c.tensor("self");
   Value index = c.tensor("index");
   int64_t dim = norm_dim(c.int_("dim"), self.rank());
@@ -396,7 +396,7 @@ TPU_LOWER_CHECKED(scatter) {
   return {scatter_along(b, self, dim, index, upd, combine_for(c.str("reduce"), "scatter"))};
 }
 
-TPU_LOWER_CHECKED(scatter_add) {
+TPU_LOWER_INDEXING(scatter_add) {
   Value self = c.tensor("self");
   Value index = c.tensor("index");
   int64_t dim = norm_dim(c.int_("dim"), self.rank());
@@ -404,7 +404,7 @@ TPU_LOWER_CHECKED(scatter_add) {
   return {scatter_along(b, self, dim, index, upd, "add")};
 }
 
-TPU_LOWER_CHECKED(scatter_reduce) {
+TPU_LOWER_INDEXING(scatter_reduce) {
   Value self = c.tensor("self");
   Value index = c.tensor("index");
   ElemType t = self.elem();
@@ -446,7 +446,7 @@ TPU_LOWER_CHECKED(scatter_reduce) {
 }
 
 // ---------------------------------------------------------------- advanced indexing
-TPU_LOWER_WITH(index, .host_bool_indices = true, .checked = true) {
+TPU_LOWER_WITH(index, .host_bool_indices = true, .checked = true, .cpu_index_args = true) {
   Value self = c.tensor("self");
   const Type& o = out_type(c);
   AdvIndex a = adv_index(b, c.arg("indices"), self.shape());
@@ -455,8 +455,8 @@ TPU_LOWER_WITH(index, .host_bool_indices = true, .checked = true) {
   return {index_gather(b, self, a)};
 }
 
-TPU_LOWER_CHECKED(index_put) { return lower_index_put_common(b, c); }
-TPU_LOWER_CHECKED(_index_put_impl) { return lower_index_put_common(b, c); }
+TPU_LOWER_INDEXING(index_put) { return lower_index_put_common(b, c); }
+TPU_LOWER_INDEXING(_index_put_impl) { return lower_index_put_common(b, c); }
 
 // ---------------------------------------------------------------- index_* along a dim
 namespace {
@@ -486,7 +486,7 @@ Value index_scatter(Builder& b, Value self, int64_t dim, Value index, Value sour
 }
 }  // namespace
 
-TPU_LOWER_CHECKED(index_add) {
+TPU_LOWER_INDEXING(index_add) {
   Value self = c.tensor("self");
   ElemType t = self.elem();
   int64_t dim = norm_dim(c.int_("dim"), self.rank());
@@ -506,14 +506,14 @@ TPU_LOWER_CHECKED(index_add) {
   return {index_scatter(b, self, dim, c.tensor("index"), src, "add", CheckKind::Runtime, "")};
 }
 
-TPU_LOWER_CHECKED(index_copy) {
+TPU_LOWER_INDEXING(index_copy) {
   Value self = c.tensor("self");
   int64_t dim = norm_dim(c.int_("dim"), self.rank());
   Value src = b.convert(c.tensor("source"), self.elem());
   return {index_scatter(b, self, dim, c.tensor("index"), src, "", CheckKind::Index, "index_copy_(): ")};
 }
 
-TPU_LOWER_CHECKED(index_fill) {
+TPU_LOWER_INDEXING(index_fill) {
   // Mask over positions along `dim` (no scatter: duplicates are harmless).
   Value self = c.tensor("self");
   Value index = c.tensor("index");
@@ -560,7 +560,7 @@ TPU_LOWER(masked_scatter) {
 }
 
 // ---------------------------------------------------------------- take / put / embedding
-TPU_LOWER_CHECKED(take) {
+TPU_LOWER_INDEXING(take) {
   Value self = c.tensor("self");
   Value index = c.tensor("index");
   const Type& o = out_type(c);
@@ -571,7 +571,7 @@ TPU_LOWER_CHECKED(take) {
   return {b.reshape(take_rows(b, flat, index, {true, CheckKind::Index, msg}), o.shape)};
 }
 
-TPU_LOWER_CHECKED(put) {
+TPU_LOWER_INDEXING(put) {
   Value self = c.tensor("self");
   Value index = c.tensor("index");
   int64_t n = self.type.numel();

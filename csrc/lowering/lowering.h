@@ -118,6 +118,9 @@ struct OpEntry {
   // the lowering records device-side checks with check(); the runtime adds the error status as
   // one more program result when device checks are on (TORCH_TPU_DEVICE_CHECKS, default on).
   bool checked = false;
+  // Index arguments ("index"/"indices") may be CPU tensors, as CUDA accepts: the boxed kernel
+  // moves them to the op's tpu device once per call (CPU bool masks of `index` stay on the host).
+  bool cpu_index_args = false;
 };
 
 void register_op(const std::string& name, OpEntry entry);
@@ -158,6 +161,8 @@ struct HostSyncRegistrar {
 #define TPU_HOST_SYNC(opname) \
   static ::tpu::lowering::HostSyncRegistrar TPU_LOWERING_CAT(host_sync_, opname)(#opname)
 #define TPU_LOWER_CHECKED(opname) TPU_LOWER_WITH(opname, .checked = true)
+// Indexing ops: device-side range checks + CPU index tensors accepted like CUDA.
+#define TPU_LOWER_INDEXING(opname) TPU_LOWER_WITH(opname, .checked = true, .cpu_index_args = true)
 
 // ---- device-side checks
 // The Python exception PyTorch's CPU kernel raises for the bad value.
