@@ -393,16 +393,25 @@ def _call_donating(op: JaxOp, tensors: list[torch.Tensor], k: _foreign.Kernel) -
     return outs
 
 
+# Off TPU, Pallas TPU kernels are traced as for this chip: kernels that size their tiles from
+# pltpu.get_tpu_info() (Tokamax's) read it from the abstract device instead of failing on "cpu".
+_INTERPRET_AS_TPU = "TPU v5 lite"
+
+
 def _lower_for(jax: Any, fn: Callable[..., Any], avals: Sequence[Any], platform: str) -> Any:
     """Lowers for the device's platform; off TPU, Pallas kernels are traced in interpret mode
     (plain StableHLO) - the flag is read when pallas_call is traced."""
     if platform == "tpu":
         return jax.jit(fn, keep_unused=True).trace(*avals).lower(lowering_platforms=("tpu",))
     from jax._src import config
+    from jax._src.mesh import AbstractDevice
 
+    tpu = AbstractDevice(device_kind=_INTERPRET_AS_TPU, num_cores=1, platform="tpu")
     prev = config.pallas_tpu_interpret_mode_context_manager.swap_local(True)
     try:
-        return jax.jit(fn, keep_unused=True).trace(*avals).lower(lowering_platforms=("cpu",))
+        with jax.sharding.use_abstract_mesh(jax.sharding.AbstractMesh((1,), ("_tpu",), abstract_device=tpu)):
+            traced = jax.jit(fn, keep_unused=True).trace(*avals)
+        return traced.lower(lowering_platforms=("cpu",))
     finally:
         config.pallas_tpu_interpret_mode_context_manager.set_local(prev)
 
