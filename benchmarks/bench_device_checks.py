@@ -102,6 +102,12 @@ def main() -> None:
             v.timed("prefill")
             v.timed("decode")
             toks[f"{mode}_{'on' if on else 'off'}"] = v.decode().cpu().item()
+    counts = {}  # checked launches and status reads per decode token, checks on
+    for mode, (v_on, _) in modes.items():
+        s0 = _C._device_check_stats()
+        timed(v_on, True)
+        s1 = _C._device_check_stats()
+        counts[mode] = {k: (s1[k] - s0[k]) / DECODE_TOKENS for k in s0}
     wall: dict[str, list[float]] = {f"{m}_{s}": [] for m in modes for s in ("on", "off")}
     cpu: dict[str, list[float]] = {k: [] for k in wall}
     for r in range(args.repeats):
@@ -136,12 +142,15 @@ def main() -> None:
         )
     for name, o in ops.items():
         print(f"  per launch (thread CPU): {name:24s} on {o['on_us']:.1f} us  off {o['off_us']:.1f} us")
+    for m, c in counts.items():
+        print(f"  {m:8s} per token: {c['checked_launches']:.2f} checked launches, {c['status_reads']:.3f} status reads")
     finish(NAME, {
         "summary": summary,
         "ms_per_token_fastest": ms,
         "ms_per_token_median": ms_median,
         "on_over_off": detail,
         "per_launch_thread_cpu_us": ops,
+        "per_token_counts": counts,
         "raw_wall_seconds": wall,
         "raw_cpu_seconds": cpu,
         "same_tokens": len(set(toks.values())) == 1,

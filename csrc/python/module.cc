@@ -162,6 +162,13 @@ PYBIND11_MODULE(_C, m) {
   tpu::runtime::set_site_provider({&capture_python_site, &format_python_site});
   m.def("_set_device_checks", [](bool on) { tpu::runtime::set_device_checks(on); });
   m.def("_device_checks", [] { return tpu::runtime::device_checks(); });
+  m.def("_device_check_stats", [] {
+    auto s = tpu::runtime::device_check_stats();
+    py::dict d;
+    d["checked_launches"] = s.checked_launches;
+    d["status_reads"] = s.status_reads;
+    return d;
+  });
   m.def("_check_device_errors", [] {
     py::gil_scoped_release nogil;
     try {

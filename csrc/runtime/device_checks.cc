@@ -28,6 +28,7 @@ std::atomic<bool>& enabled() {
   return on;
 }
 std::atomic<LaunchSite (*)()> site_capture{nullptr};
+std::atomic<uint64_t> n_launches{0}, n_reads{0};
 std::atomic<std::string (*)(const LaunchSite&)> site_format{nullptr};
 
 // Statuses live as long as the process (see Context::get).
@@ -88,6 +89,7 @@ Failure read_locked(DeviceStatus& ds) {
   if (ds.launches.empty() || !ds.buf) return {};
   int32_t st[2] = {0, 0};
   ds.buf->to_host(st, sizeof st);
+  n_reads.fetch_add(1, std::memory_order_relaxed);
   if (st[1] == 0) {
     ds.passed_at_read = static_cast<uint32_t>(st[0]);
     ds.launches.clear();
@@ -147,6 +149,7 @@ PJRT_Buffer* CheckedLaunch::status_arg() const { return ds_->buf->raw(); }
 
 void CheckedLaunch::done(pjrt::BufferPtr status, std::vector<CheckSource> sources) {
   done_ = true;
+  n_launches.fetch_add(1, std::memory_order_relaxed);
   ds_->buf = std::move(status);
   ds_->launches.push_back(std::move(sources));
   due_ = Context::get().mode() == EagerMode::DeferNeverLaunchBlocking || ds_->launches.size() >= kMaxLaunches;
@@ -167,5 +170,7 @@ void check_device_errors() {
   }
   for (DeviceStatus* ds : all) read_and_raise(*ds);
 }
+
+DeviceCheckStats device_check_stats() { return {n_launches.load(), n_reads.load()}; }
 
 }  // namespace tpu::runtime

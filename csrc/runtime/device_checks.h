@@ -79,4 +79,10 @@ struct DeviceCheckError : std::runtime_error {
 // continues cleanly after the error.
 void check_device_errors();
 
+// Counters since start: checked launches and host reads of a status (benchmarks, tests).
+struct DeviceCheckStats {
+  uint64_t checked_launches = 0, status_reads = 0;
+};
+DeviceCheckStats device_check_stats();
+
 }  // namespace tpu::runtime
