@@ -93,6 +93,29 @@ def test_mark_dynamic_max_caps_the_bucket() -> None:
     assert sorted({b["bucket"][next(iter(b["bucket"]))] for b in dynamic_shapes.BUCKETS}) == [16, 24]
 
 
+def test_training_graphs_are_padded_and_grads_match_cpu() -> None:
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(8, 8)
+    lin_t = torch.nn.Linear(8, 8).to("tpu")
+    lin_t.load_state_dict(lin.state_dict())
+
+    def f(m: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+        return (torch.softmax(m(x), dim=0) * x).sum() + x.mean()
+
+    g = torch.compile(f, backend="tpu", dynamic=True)
+    torch_tpu.reset_cache_stats()
+    for n in (3, 9, 17):
+        x = torch.randn(n, 8, requires_grad=True)
+        xt = x.detach().to("tpu").requires_grad_()
+        f(lin, x).backward()
+        g(lin_t, xt).backward()
+        torch.testing.assert_close(xt.grad.cpu(), x.grad, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(lin_t.weight.grad.cpu(), lin.weight.grad, atol=1e-5, rtol=1e-5)
+    # forward and backward: one padded program per bucket each (16, then 32)
+    assert [(b["kind"], max(b["bucket"].values())) for b in dynamic_shapes.BUCKETS] == [
+        ("padded", 16), ("padded", 16), ("padded", 32), ("padded", 32)]
+
+
 def test_op_without_padded_rule_runs_exact_programs() -> None:
     def f(x: torch.Tensor) -> torch.Tensor:
         return torch.cumsum(x, 0) + 1  # a scan: padding has no rule for it

@@ -122,7 +122,7 @@ _VIEWS = {aten.view.default, aten._unsafe_view.default, aten.reshape.default}
 _FACTORY = {aten.empty.memory_format, aten.zeros.default, aten.ones.default, aten.full.default,
             aten.new_empty.default, aten.new_zeros.default, aten.new_ones.default, aten.new_full.default,
             aten.empty_strided.default, aten.arange.default}
-_REDUCE_FILL = {aten.sum.dim_IntList: 0.0, aten.amax.default: -math.inf, aten.amin.default: math.inf,
+_REDUCE_FILL = {aten.sum.dim_IntList: 0.0, aten.sum.default: 0.0, aten.amax.default: -math.inf, aten.amin.default: math.inf,
                 aten._softmax.default: -math.inf, aten._log_softmax.default: -math.inf}
 _SYM_OPS = {operator.add, operator.sub, operator.mul, operator.floordiv, operator.neg,
             aten.sym_size.int, aten.sym_numel.default, aten.sym_stride.int, torch.sym_max, torch.sym_min}
@@ -185,7 +185,16 @@ class _PaddedInterpreter(torch.fx.Interpreter):
             return target(*args, **kwargs)
         sym_args = [a for a in n.all_input_nodes if _free(a.meta.get("val"))
                     and a.meta["val"].node.expr.free_symbols & self.padded]
-        if sym_args and target not in _VIEWS | _FACTORY | {aten.expand.default, aten.slice.Tensor}:
+        if sym_args and isinstance(target, torch._ops.OpOverload) and torch.Tag.pointwise in target.tags \
+                and not kwargs:
+            # A size as an operand (mean's backward divides by it): its real value, as a 0-d tensor.
+            args = tuple(self.real.of(a.meta["val"].node.expr) if a in sym_args else v
+                         for a, v in zip(n.args, args, strict=True))
+            if not any(isinstance(v, torch.Tensor) and v.dim() > 0 for v in args):
+                raise Unpaddable("a size is used as a value")
+            if target._overloadname == "Scalar" and hasattr(target.overloadpacket, "Tensor"):
+                target = target.overloadpacket.Tensor  # div.Scalar(x, n) -> div.Tensor(x, n)
+        elif sym_args and target not in _VIEWS | _FACTORY | {aten.expand.default, aten.slice.Tensor}:
             raise Unpaddable("a size is used as a value")
         if isinstance(target, torch._ops.OpOverload) and torch.Tag.nondeterministic_seeded in target.tags \
                 and (dyn_in or _dyn(out_val)) and _draws_random(target, n.args, n.kwargs):
@@ -213,10 +222,21 @@ class _PaddedInterpreter(torch.fx.Interpreter):
             return target(*args, **kwargs)
         if target is aten.cat.default:
             return self._cat(n, args, kwargs)
-        if target in _REDUCE_FILL or target is aten.mean.dim:
+        if target in _REDUCE_FILL or target in (aten.mean.dim, aten.mean.default):
             return self._reduce(n, target, args, kwargs)
         if target in (aten.mm.default, aten.bmm.default):
             return self._matmul(n, target, args)
+        if target is aten.addmm.default and not kwargs:
+            mm = self._matmul(n, aten.mm.default, args[1:3], first=1)
+            return args[0] + mm  # beta = alpha = 1 (what a Linear traces to)
+        if target in (aten._softmax_backward_data.default, aten._log_softmax_backward_data.default):
+            grad, out, d = args[0], args[1], args[2] % args[0].dim()
+            vg, vo = n.args[0].meta["val"], n.args[1].meta["val"]
+            if d in _dyn(vg):
+                grad = self._masked(grad, vg, [d], 0.0)
+                if target is aten._softmax_backward_data.default:
+                    out = self._masked(out, vo, [d], 0.0)
+            return target(grad, out, *args[2:])
         if target is aten._scaled_dot_product_fused_attention_overrideable.default:
             return self._sdpa(n, args, kwargs)
         raise Unpaddable(f"no padded rule for {target}")
@@ -294,8 +314,9 @@ class _PaddedInterpreter(torch.fx.Interpreter):
         touched = [d for d in dims if d in _dyn(src)]
         if not touched:
             return target(*args, **kwargs)
-        if target is aten.mean.dim:
-            s = aten.sum.dim_IntList(self._masked(x, src, touched, 0.0), *args[1:], **kwargs)
+        if target in (aten.mean.dim, aten.mean.default):
+            total = aten.sum.default if target is aten.mean.default else aten.sum.dim_IntList
+            s = total(self._masked(x, src, touched, 0.0), *args[1:], **kwargs)
             count = 1
             for d in dims:
                 count = count * self.real.of(_expr(src.shape[d]))
@@ -305,9 +326,9 @@ class _PaddedInterpreter(torch.fx.Interpreter):
             raise Unpaddable("integer max/min over a symbolic dim")
         return target(self._masked(x, src, touched, fill), *args[1:], **kwargs)
 
-    def _matmul(self, n: torch.fx.Node, target: Any, args: tuple) -> torch.Tensor:
+    def _matmul(self, n: torch.fx.Node, target: Any, args: tuple, first: int = 0) -> torch.Tensor:
         a, b = args[0], args[1]
-        va, vb = n.args[0].meta["val"], n.args[1].meta["val"]
+        va, vb = n.args[first].meta["val"], n.args[first + 1].meta["val"]
         ka, kb = a.dim() - 1, b.dim() - 2
         if ka in _dyn(va) or kb in _dyn(vb):
             a = self._masked(a, va, [ka], 0.0)
