@@ -51,6 +51,24 @@ def test_hf_generate_dynamic_cache_bucketed() -> None:
     assert len(_programs()) == before
 
 
+def test_hf_generate_batched_left_padded() -> None:
+    """Two prompts, one left-padded: the attention mask is built in the graph (arange, index,
+    comparisons over the KV length) and still pads into buckets; tokens equal CPU eager."""
+    model = _tiny_llama()
+    model.config.pad_token_id = 0
+    ids = torch.randint(1, 64, (2, 6))
+    mask = torch.ones(2, 6, dtype=torch.long)
+    ids[1, :2], mask[1, :2] = 0, 0
+    ref = model.generate(ids, attention_mask=mask, max_new_tokens=14, do_sample=False)
+    model = model.to("tpu")
+    model.forward = torch.compile(model.forward, backend="tpu")
+    torch_tpu.reset_cache_stats()
+    out = model.generate(ids.to("tpu"), attention_mask=mask.to("tpu"), max_new_tokens=14, do_sample=False)
+    assert torch.equal(out.cpu(), ref)
+    assert dynamic_shapes.BUCKETS and all(b["kind"] == "padded" for b in dynamic_shapes.BUCKETS), \
+        dynamic_shapes.BUCKETS
+
+
 def _mixed(x: torch.Tensor, y: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor, ...]:
     a = torch.softmax(x @ w, dim=0)  # softmax over the dynamic dim
     s = a.sum(0) + x.mean(0) + x.amax(0) + torch.log_softmax(x, 0)[0]
