@@ -367,6 +367,7 @@ class _Program:
         describer = _Describer(gm, name or f"graph{_graph_counter[0]}")
         desc, self.spec, constants = describer.describe()
         desc["compile_options"] = xla
+        desc["precision"] = _C._matmul_precision()
         for i, (base, *_rest) in enumerate(desc["nodes"]):
             if not _has_lowering(base):
                 raise Unsupported(f"no lowering for aten::{base}", describer.node_of[i])
@@ -380,6 +381,7 @@ class _Program:
         # What a warm start needs to rebuild this program in another process (TpuOutputCode).
         self.desc, self.cpu_consts = desc, constants
         self.consts = [c.to(_tpu_device(example_inputs)) for c in constants]
+        self.gids = {desc["precision"]: self.gid}
 
     @classmethod
     def rebuild(cls, desc: dict[str, Any], spec: list, constants: list[torch.Tensor],
@@ -387,16 +389,27 @@ class _Program:
         """The program a cached description stands for (its XLA executable comes from the
         runtime's compile cache when TORCH_TPU_CACHE_DIR holds it)."""
         self = cls.__new__(cls)
+        desc = {**desc, "precision": _C._matmul_precision()}
         self.gid = _build(desc)
+        self.gids = {desc["precision"]: self.gid}
         self.spec, self.desc, self.cpu_consts = spec, desc, constants
         self.consts = [c.to(device) for c in constants]
         return self
 
+    def _program_for(self, precision: int) -> int:
+        """The program for another contraction precision (torch.tpu.precision changed since the
+        build): built on first use, then kept."""
+        if precision not in self.gids:
+            self.gids[precision] = _build({**self.desc, "precision": precision})
+        return self.gids[precision]
+
     def __call__(self, args: Sequence[Any]) -> list[Any]:
+        precision = _C._matmul_precision()
+        gid = self.gid if precision == self.desc["precision"] else self._program_for(precision)
         tensors = [a if isinstance(a, torch.Tensor) else torch.tensor(
             a, dtype=torch.float64 if isinstance(a, float) else torch.int64) for a in args]
         tensors.extend(self.consts)
-        outs = torch.ops.torch_tpu.run_graph(self.gid, tensors)
+        outs = torch.ops.torch_tpu.run_graph(gid, tensors)
         result = []
         for kind, v in self.spec:
             if kind == "out":
