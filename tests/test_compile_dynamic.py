@@ -97,6 +97,29 @@ def test_dynamic_true_buckets_match_cpu() -> None:
     assert "<=32" in text and "dynamic-shape programs" in text
 
 
+def test_layer_norm_embedding_self_attention_padded() -> None:
+    torch.manual_seed(0)
+    ln, emb = torch.nn.LayerNorm(8), torch.nn.Embedding(20, 8)
+    ln_t, emb_t = torch.nn.LayerNorm(8).to("tpu"), torch.nn.Embedding(20, 8).to("tpu")
+    ln_t.load_state_dict(ln.state_dict())
+    emb_t.load_state_dict(emb.state_dict())
+
+    def f(ids: torch.Tensor, ln: torch.nn.Module, emb: torch.nn.Module) -> torch.Tensor:
+        h = ln(emb(ids))[:, None]  # non-causal self-attention over the dynamic length
+        return torch.nn.functional.scaled_dot_product_attention(h, h, h).sum(1)
+
+    g = torch.compile(f, backend="tpu")
+    torch_tpu.reset_cache_stats()
+    with torch.no_grad():
+        for n in (3, 7, 18):
+            ids = torch.randint(0, 20, (2, n))
+            ids_t = ids.to("tpu")
+            torch._dynamo.mark_dynamic(ids_t, 1)
+            torch.testing.assert_close(g(ids_t, ln_t, emb_t).cpu(), f(ids, ln, emb), atol=1e-5, rtol=1e-5)
+    assert [(b["kind"], list(b["bucket"].values())) for b in dynamic_shapes.BUCKETS] == [
+        ("padded", [16]), ("padded", [32])]
+
+
 def test_mark_dynamic_max_caps_the_bucket() -> None:
     def f(x: torch.Tensor) -> torch.Tensor:
         return torch.softmax(x, 0) * x.sum(0, keepdim=True)

@@ -117,7 +117,7 @@ def _keep(x: torch.Tensor, d: int, real: torch.Tensor | int) -> torch.Tensor:
 _LAYOUT = {aten.transpose.int, aten.permute.default, aten.t.default, aten.unsqueeze.default,
            aten.squeeze.dim, aten.squeeze.dims, aten.squeeze.default, aten.expand.default,
            aten.alias.default, aten.clone.default, aten._to_copy.default, aten.detach.default,
-           aten.lift_fresh_copy.default, aten.embedding.default, torch.ops.prims.convert_element_type.default}
+           aten.lift_fresh_copy.default, torch.ops.prims.convert_element_type.default}
 _VIEWS = {aten.view.default, aten._unsafe_view.default, aten.reshape.default}
 _FACTORY = {aten.empty.memory_format, aten.zeros.default, aten.ones.default, aten.full.default,
             aten.new_empty.default, aten.new_zeros.default, aten.new_ones.default, aten.new_full.default,
@@ -243,6 +243,12 @@ class _PaddedInterpreter(torch.fx.Interpreter):
             return target(*args, **kwargs)
         if target in _LAYOUT or target in _FACTORY:
             return target(*args, **kwargs)
+        if target is aten.embedding.default:
+            w, idx = args[0], args[1]
+            if _dyn(n.args[0].meta["val"]):
+                raise Unpaddable("embedding table with a symbolic size")
+            # padded positions may hold any index: keep them inside the table
+            return target(w, torch.clamp(idx, 0, w.shape[0] - 1), *args[2:], **kwargs)
         if target in _VIEWS:
             vmap = _view_map(n.args[0].meta["val"], out_val)
             if vmap is None:
@@ -262,6 +268,11 @@ class _PaddedInterpreter(torch.fx.Interpreter):
             return self._cat(n, args, kwargs)
         if target is aten.index.Tensor:
             return self._index(n, args)
+        if target is aten.native_layer_norm.default:
+            src = n.args[0].meta["val"]
+            if any(d >= src.dim() - len(args[1]) for d in _dyn(src)):
+                raise Unpaddable("layer norm over a symbolic dim")
+            return target(*args, **kwargs)  # rows are normalized independently
         if target in _REDUCE_FILL or target in (aten.mean.dim, aten.mean.default):
             return self._reduce(n, target, args, kwargs)
         if target in (aten.mm.default, aten.bmm.default):
