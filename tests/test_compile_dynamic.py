@@ -172,6 +172,25 @@ def test_op_without_padded_rule_runs_exact_programs() -> None:
     assert "exact" in str(torch_tpu.explain(print_result=False))
 
 
+def test_size_used_as_a_value_runs_exact_programs() -> None:
+    table = torch.randn(64, 4)
+    table_t = table.to("tpu")
+
+    def f(x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        n = x.shape[0]
+        return x.sum(0) + t[n:n + 1].sum(0)  # slicing a static dim at the symbolic size
+
+    g = torch.compile(f, backend="tpu")
+    torch_tpu.reset_cache_stats()
+    for n in (3, 6, 20):
+        x = torch.randn(n, 4)
+        x_t = x.to("tpu")
+        torch._dynamo.mark_dynamic(x_t, 0)
+        torch.testing.assert_close(g(x_t, table_t).cpu(), f(x, table))
+    assert [b["kind"] for b in dynamic_shapes.BUCKETS] == ["exact"] * 3
+    assert "size is used as a value" in dynamic_shapes.BUCKETS[0]["reason"]
+
+
 def test_prefix_view_comes_back_without_copy() -> None:
     """An output padded along a symbolic dim is a view of the bucket buffer; passed back in, the
     buffer itself is the program input (no pad, no copy)."""

@@ -175,6 +175,34 @@ def _view_map(src: torch.Tensor, out: torch.Tensor) -> dict[int, tuple[int, int,
     return out_map
 
 
+def _nodes_in(v: Any) -> set[torch.fx.Node]:
+    if isinstance(v, torch.fx.Node):
+        return {v}
+    if isinstance(v, (list, tuple)):
+        return set().union(*(_nodes_in(e) for e in v)) if v else set()
+    return set()
+
+
+def _shape_arg_nodes(n: torch.fx.Node) -> set[torch.fx.Node]:
+    """Size nodes a call uses only as a shape (a padded size is right there); a size anywhere
+    else is a value, which must be the real one."""
+    t, args = n.target, n.args
+    if t in _VIEWS or t is aten.expand.default:
+        return _nodes_in(args[1]) if len(args) > 1 else set()
+    if t in (aten.empty.memory_format, aten.zeros.default, aten.ones.default, aten.full.default, aten.arange.default):
+        return _nodes_in(args[0]) if args else set()
+    if t is aten.empty_strided.default:
+        return _nodes_in(args[:2])
+    if t in (aten.new_empty.default, aten.new_zeros.default, aten.new_ones.default, aten.new_full.default):
+        return _nodes_in(args[1]) if len(args) > 1 else set()
+    if t is aten.slice.Tensor and len(args) > 3:
+        src = args[0].meta.get("val") if isinstance(args[0], torch.fx.Node) else None
+        dim = args[1] if len(args) > 1 else 0
+        if isinstance(src, torch.Tensor) and dim % src.dim() in _dyn(src):
+            return _nodes_in(args[3])  # the end of a prefix
+    return set()
+
+
 def _draws_random(op: Any, args: Any, kwargs: Any) -> bool:
     from torch_tpu._internal.compile import _draws_random as draws
 
@@ -228,7 +256,7 @@ class _PaddedInterpreter(torch.fx.Interpreter):
                 raise Unpaddable("a size is used as a value")
             if target._overloadname == "Scalar" and hasattr(target.overloadpacket, "Tensor"):
                 target = target.overloadpacket.Tensor  # div.Scalar(x, n) -> div.Tensor(x, n)
-        elif sym_args and target not in _VIEWS | _FACTORY | {aten.expand.default, aten.slice.Tensor}:
+        elif sym_args and set(sym_args) - _shape_arg_nodes(n):
             raise Unpaddable("a size is used as a value")
         if isinstance(target, torch._ops.OpOverload) and torch.Tag.nondeterministic_seeded in target.tags \
                 and (dyn_in or _dyn(out_val)) and _draws_random(target, n.args, n.kwargs):
