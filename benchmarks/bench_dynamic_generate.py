@@ -84,10 +84,11 @@ def run(fused: bool = True) -> dict[str, Any]:
         out = fn()
         first_s = time.perf_counter() - t0
         built, graphs = _programs() - before, len(torch_tpu.compile_stats()["graph_tiers"]) - g0
-        before = _programs()
+        before, g0 = _programs(), len(torch_tpu.compile_stats()["graph_tiers"])
         again = fn()
         cold[name] = {"first_s": first_s, "programs_first": built, "graph_programs_first": graphs,
                       "programs_second": _programs() - before,
+                      "graph_programs_second": len(torch_tpu.compile_stats()["graph_tiers"]) - g0,
                       "tokens_equal_cpu": bool(torch.equal(out.cpu(), ref) and torch.equal(again.cpu(), ref))}
     buckets = [b for b in torch_tpu.compile_stats()["dynamic"]]
     times = interleaved(fns, REPEATS)
@@ -107,7 +108,8 @@ def run(fused: bool = True) -> dict[str, Any]:
     summary = (f"{NAME}: ms/token compiled {ms['tpu_compiled_dynamic']:.2f}, strict {ms['tpu_strict']:.2f}, "
                + (f"fused {ms['tpu_fused']:.2f}, " if fused else "") + f"CPU eager {ms['cpu_eager']:.2f}; compiled: "
                f"{c['graph_programs_first']} graph programs (bound {bound}), {c['programs_first']} XLA programs in "
-               f"all (with generate's own eager ops), {c['programs_second']} in a second generate; XLA programs: "
+               f"all (with generate's own eager ops), {c['graph_programs_second']} graph / {c['programs_second']} XLA "
+               f"programs in a second generate; XLA programs: "
                f"strict {cold['tpu_strict']['programs_first']} (second generate "
                f"{cold['tpu_strict']['programs_second']}), {fused_txt}; tokens equal CPU: "
                f"{all(v['tokens_equal_cpu'] for v in cold.values())}; " + "; ".join(fmt_ratio(r) for r in ratios))
