@@ -162,8 +162,8 @@ def compile_stats() -> dict[str, Any]:
     """What the torch.compile backend did: FX graphs received, XLA programs built, graphs split
     into compiled pieces around eager nodes (and those nodes), graphs run op by op, graphs served
     by PyTorch's AOTAutogradCache (`aot_cache_hits`), and `graph_tiers`: per program built, which
-    tier served it ({"graph", "aot": "traced" | "aot_cache", "xla": "xla_compiled" | "xla_disk" |
-    "xla_memory"})."""
+    tier served it ({"graph", "aot": "traced" | "aot_cache" | "reused", "xla": "xla_compiled" |
+    "xla_disk" | "xla_memory"}; "reused": a graph built again for another contraction precision)."""
     from torch_tpu._internal import compile as tpu_compile
 
     return {**tpu_compile.STATS, "graph_tiers": [dict(t) for t in tpu_compile.GRAPH_TIERS]}
