@@ -123,7 +123,11 @@ std::string build_program(const Plan& plan) {
     if (plan.slots[i].read) b.alias(plan.slots[i].arg, static_cast<int>(results.size()));
     results.push_back(cur[i]);
   }
-  if (plan.entry->checked && device_checks()) results.push_back(b.error_status());  // last result
+  if (plan.entry->checked && device_checks()) {  // the device's status: last argument, donated to the last result
+    Value status = b.arg(Type{shlo::ElemType::S32, {2}});
+    b.alias(b.num_args() - 1, static_cast<int>(results.size()));
+    results.push_back(b.fold_status(status));
+  }
   return b.module(results);
 }
 

@@ -324,6 +324,17 @@ Value Builder::error_status() {
   return s;
 }
 
+Value Builder::fold_status(Value status) {
+  Value passed = reshape(slice(status, {0}, {1}), {});
+  Value code_in = reshape(slice(status, {1}, {2}), {});
+  Value zero = constant_i(0, ElemType::S32);
+  // The first failure sticks, and the passed count stops there: it then indexes the failed launch.
+  Value code = select(compare(Cmp::NE, code_in, zero), code_in, error_status());
+  Value ok = compare(Cmp::EQ, code, zero);
+  passed = add(passed, select(ok, constant_i(1, ElemType::S32), zero));
+  return concatenate({reshape(passed, {1}), reshape(code, {1})}, 0);
+}
+
 Value Builder::clamp(Value lo, Value x, Value hi) { return op("clamp", {lo, x, hi}, x.type); }
 
 Value Builder::convert(Value x, ElemType to) {

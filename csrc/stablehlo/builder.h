@@ -167,14 +167,16 @@ class Builder {
   std::pair<Value, Value> rng_bits(Value state, const Type& bits_type);
 
   // Device-side error checks. While checking() is on, lowerings record (bad predicate, code)
-  // pairs; the runtime turns them into one extra i32 result (error_status: 0 = fine, else the
-  // largest failing code), so no host sync is needed per op.
+  // pairs; error_status() folds them into one i32 (0 = fine, else the largest failing code), and
+  // fold_status() adds that to the device's status s32[2] = {checked launches that passed, first
+  // failure's code} (runtime/device_checks.h), so no host sync is needed per op.
   void set_checking(bool on) { checking_ = on; }
   bool checking() const { return checking_; }
   void add_error(Value bad, int32_t code);  // `bad`: pred of any shape (any element set = error)
   bool has_errors() const { return !errors_.empty(); }
   const std::vector<int32_t>& error_codes() const { return error_codes_; }
   Value error_status();
+  Value fold_status(Value status);  // status: s32[2]; returns the updated status
   static std::string ints(const std::vector<int64_t>& v);  // "1, 2, 3"
   static std::string dense_array(const std::vector<int64_t>& v);  // "array<i64: 1, 2>"
 

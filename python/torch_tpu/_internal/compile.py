@@ -26,7 +26,7 @@ import torch
 import torch.fx
 
 from torch_tpu import _C
-from torch_tpu._internal import compile_meta, xla_options
+from torch_tpu._internal import compile_meta, dynamic_shapes, xla_options
 
 _DTYPE_INDEX = {
     torch.uint8: 0, torch.int8: 1, torch.int16: 2, torch.int32: 3, torch.int64: 4, torch.float16: 5,
@@ -362,9 +362,10 @@ def _tpu_device(example_inputs: Sequence[Any]) -> torch.device:
 class _Program:
     """One FX graph built as one program: call(args) -> outputs in the graph's output order."""
 
-    def __init__(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any], xla: bytes = b"") -> None:
+    def __init__(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any], xla: bytes = b"",
+                 name: str | None = None) -> None:
         _graph_counter[0] += 1
-        describer = _Describer(gm, f"graph{_graph_counter[0]}")
+        describer = _Describer(gm, name or f"graph{_graph_counter[0]}")
         desc, self.spec, constants = describer.describe()
         desc["compile_options"] = xla
         desc["precision"] = _C._matmul_precision()
@@ -536,6 +537,10 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any],
 
     STATS["graphs"] += 1
     xla = xla_options.encode({**(options or {}), **xla_options.current()})
+    if dynamic_shapes.is_dynamic(gm):  # symbolic sizes: bucketed programs (dynamic_shapes.py)
+        _graph_counter[0] += 1
+        return TpuOutputCode(dynamic_shapes.DynamicGraph(
+            gm, example_inputs, lambda g, ins, name: _Program(g, ins, xla, name), f"graph{_graph_counter[0]}", xla))
     try:
         program = _Program(gm, example_inputs, xla)
     except Unsupported as e:
