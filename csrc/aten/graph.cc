@@ -103,6 +103,7 @@ namespace {
 std::string graph_module(const GraphDesc& desc, std::vector<int64_t>& out_numel,
                          std::vector<runtime::CheckSource>* checks = nullptr) {
   shlo::Builder b;
+  b.set_precision(desc.precision < 0 ? matmul_precision() : static_cast<shlo::Precision>(desc.precision));
   std::unordered_map<int64_t, Value> vals;
   for (size_t i = 0; i < desc.inputs.size(); ++i)
     vals[static_cast<int64_t>(i)] = b.arg(Type{elem_of(static_cast<c10::ScalarType>(desc.inputs[i].dtype)), desc.inputs[i].sizes});

@@ -472,11 +472,14 @@ void run_lowering(const std::string& name, const std::string& overload,
   plan.overload = overload;
   plan.common = elem_of(common);
   plan.flattened = flatten;
+  plan.precision = matmul_precision();
   plan.key.reserve(256);
   plan.key += name;
   plan.key += '.';
   plan.key += overload;
-  plan.key += flatten ? "|F|" : "|";
+  plan.key += flatten ? "|F" : "|";
+  plan.key += static_cast<char>('0' + static_cast<int>(plan.precision));
+  plan.key += '|';
   Planner pl(plan, flatten);
 
   // Random ops without a Generator argument (native_dropout) still draw from the device's.

@@ -10,6 +10,7 @@
 #include <unordered_map>
 
 #include "aten/allocator.h"
+#include "aten/common.h"
 #include "aten/plan_call.h"
 #include "aten/cpu_fallback.h"
 #include "aten/generator.h"
@@ -70,6 +71,7 @@ tpu::aten::GraphDesc graph_desc(const py::dict& d) {
   if (d.contains("rng")) g.rng = d["rng"].cast<std::vector<std::pair<int64_t, int64_t>>>();
   if (d.contains("compile_options")) g.compile_options = d["compile_options"].cast<std::string>();
   if (d.contains("plain_outputs")) g.plain_outputs = d["plain_outputs"].cast<bool>();
+  if (d.contains("precision")) g.precision = d["precision"].cast<int>();
   return g;
 }
 
@@ -276,6 +278,9 @@ PYBIND11_MODULE(_C, m) {
   });
   m.def("_jax_registered", [](const std::string& key) { return tpu::lowering::has_foreign_module(key); });
   m.def("_graph_build", [](const py::dict& d) { return tpu::aten::build_graph(graph_desc(d)); });
+  m.def("_matmul_precision", [] { return static_cast<int>(tpu::aten::matmul_precision()); });
+  m.def("_set_precision_override", &tpu::aten::set_precision_override);
+  m.def("_precision_override", &tpu::aten::precision_override);
   m.def("_graph_text", [](const py::dict& d) { return tpu::aten::graph_text(graph_desc(d)); });
   m.def("_graph_unsupported", [](const py::dict& d) { return tpu::aten::unsupported_ops(graph_desc(d)); });
   m.def("_lowered_ops", [] { return tpu::lowering::registered_ops(); });

@@ -89,6 +89,7 @@ void emit_op(shlo::Builder& b, std::vector<Value>& cur, const std::vector<Value>
     ~Checking() { b.set_checking(false); }
   } checking{b};
   b.set_checking(plan.entry->checked && device_checks());
+  b.set_precision(plan.precision);
   std::vector<Value> res = plan.entry->fn(b, call);
   if (res.size() < plan.outs.size())
     internal_error("lowering of " + plan.name + " returned " + std::to_string(res.size()) + " values for " +

@@ -65,6 +65,7 @@ struct Plan {
   std::string name, overload;  // base name and overload: the lowering's OpCall
   shlo::ElemType common = shlo::ElemType::F32;
   bool flattened = false;  // pointwise over contiguous operands: keyed by element count
+  shlo::Precision precision = shlo::Precision::Highest;  // of its contractions (part of the key)
   int device = -1;
   std::vector<Slot> slots;
   std::vector<HostOperand> host;

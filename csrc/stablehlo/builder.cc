@@ -456,6 +456,20 @@ Value Builder::reverse(Value x, const std::vector<int64_t>& dims) {
 }
 
 // ------------------------------------------------------------------ contractions, reductions
+const char* precision_name(Precision p) {
+  switch (p) {
+    case Precision::Default: return "DEFAULT";
+    case Precision::High: return "HIGH";
+    case Precision::Highest: return "HIGHEST";
+  }
+  return "HIGHEST";
+}
+
+std::string Builder::precision_config() const {
+  const std::string one = std::string("#stablehlo<precision ") + precision_name(precision_) + ">";
+  return "precision_config = [" + one + ", " + one + "]";
+}
+
 Value Builder::dot_general(Value a, Value b, const std::vector<int64_t>& lb,
                            const std::vector<int64_t>& rb, const std::vector<int64_t>& lc,
                            const std::vector<int64_t>& rc, ElemType result) {
@@ -475,7 +489,7 @@ Value Builder::dot_general(Value a, Value b, const std::vector<int64_t>& lb,
   return op("dot_general", {a, b}, Type{result, s},
             "dot_dimension_numbers = #stablehlo.dot<lhs_batching_dimensions = [" + ints(lb) +
                 "], rhs_batching_dimensions = [" + ints(rb) + "], lhs_contracting_dimensions = [" +
-                ints(lc) + "], rhs_contracting_dimensions = [" + ints(rc) + "]>");
+                ints(lc) + "], rhs_contracting_dimensions = [" + ints(rc) + "]>, " + precision_config());
 }
 
 std::vector<Value> Builder::reduce_multi(
