@@ -8,7 +8,7 @@ On a shared, loaded machine one decode run varies by far more than 3 %, so each 
 and off back to back (alternating which goes first) and the ratio is taken three ways: of the
 fastest runs (the estimate least disturbed by other processes: the goal), of the medians, and the
 median of the per-round ratios; wall time and process CPU time (all threads) both. A second
-checks-off series in strict eager (A/A) shows how far the same estimators move on noise alone. A
+checks-off series (A/A) in each mode shows how far the same estimators move on noise alone. A
 per-op section times the two checked ops alone (thread CPU time, 400 launches), and the counters
 give checked launches and status reads per token."""
 
@@ -35,6 +35,10 @@ def step_checked(*a: Any) -> torch.Tensor:  # distinct code objects: one compile
 
 
 def step_unchecked(*a: Any) -> torch.Tensor:
+    return next_token(*a)
+
+
+def step_unchecked2(*a: Any) -> torch.Tensor:  # A/A: a second checks-off graph
     return next_token(*a)
 
 
@@ -87,7 +91,7 @@ def per_op(repeats: int) -> dict[str, dict[str, float]]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--repeats", type=int, default=21, help="rounds of (on, off, off again) in strict eager")
-    ap.add_argument("--compiled-repeats", type=int, default=9, help="rounds of (on, off) compiled")
+    ap.add_argument("--compiled-repeats", type=int, default=9, help="rounds of (on, off, off again) compiled")
     args = ap.parse_args()
     model = build_model().to(TPU)
     ids = torch.randint(0, model.config.vocab_size, (1, 128))
@@ -98,9 +102,13 @@ def main() -> None:
             Variant("compiled_off", model, TPU, torch.compile(step_unchecked, backend="tpu", dynamic=False), ids),
         ),
     }
+    off2 = {  # the second checks-off series of each mode (A/A)
+        "strict": modes["strict"][1],
+        "compiled": Variant("compiled_off2", model, TPU, torch.compile(step_unchecked2, backend="tpu", dynamic=False), ids),
+    }
     toks = {}
     for mode, (v_on, v_off) in modes.items():  # warm-up: compiles (each graph built with its setting)
-        for v, on in ((v_on, True), (v_off, False)):
+        for v, on in ((v_on, True), (v_off, False), (off2[mode], False)):
             _C._set_device_checks(on)
             v.timed("prefill")
             v.timed("decode")
@@ -111,12 +119,12 @@ def main() -> None:
         timed(v_on, True)
         s1 = _C._device_check_stats()
         counts[mode] = {k: (s1[k] - s0[k]) / DECODE_TOKENS for k in s0}
-    # strict_off2: a second checks-off series (A/A): how far the estimators move on noise alone.
-    series = {"strict": ["on", "off", "off2"], "compiled": ["on", "off"]}
+    # off2: a second checks-off series (A/A): how far the estimators move on noise alone.
+    series = {m: ["on", "off", "off2"] for m in modes}
     wall: dict[str, list[float]] = {f"{m}_{s}": [] for m in modes for s in series[m]}
     cpu: dict[str, list[float]] = {k: [] for k in wall}
     for mode, (v_on, v_off) in modes.items():
-        runs = {"on": (v_on, True), "off": (v_off, False), "off2": (v_off, False)}
+        runs = {"on": (v_on, True), "off": (v_off, False), "off2": (off2[mode], False)}
         for r in range(args.repeats if mode == "strict" else args.compiled_repeats):
             names = series[mode][r % len(series[mode]):] + series[mode][: r % len(series[mode])]  # rotate
             for name in names:
@@ -130,9 +138,10 @@ def main() -> None:
         m: {"wall": ratios(wall[f"{m}_on"], wall[f"{m}_off"]), "cpu": ratios(cpu[f"{m}_on"], cpu[f"{m}_off"])}
         for m in modes
     }
-    detail["strict_A/A"] = {
-        "wall": ratios(wall["strict_off2"], wall["strict_off"]), "cpu": ratios(cpu["strict_off2"], cpu["strict_off"])
-    }
+    for m in list(modes):
+        detail[f"{m}_A/A"] = {
+            "wall": ratios(wall[f"{m}_off2"], wall[f"{m}_off"]), "cpu": ratios(cpu[f"{m}_off2"], cpu[f"{m}_off"])
+        }
     ops = per_op(3)
     goal_ratios = [
         ratio(f"{m}_on_over_off", detail[m]["wall"]["min"], GOAL, higher_is_better=False) for m in modes
