@@ -9,8 +9,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 # Compiles the same tiny model twice: with PyTorch's default caches (AOTAutogradCache), then with
 # Dynamo's caching precompile on (its AOTAutograd key differs: it holds the precompile backend id).
+# No torch.compiler.save_cache_artifacts() call: torch_tpu writes Dynamo's packages at exit.
 CHILD = r"""
 import json, sys
 import torch, torch_tpu
@@ -34,8 +37,6 @@ for precompile in (False, True):
     n = len(torch_tpu.compile_stats()["graph_tiers"])
     with torch.no_grad():
         out = torch.compile(model, backend="tpu")(x).cpu()
-    if precompile:
-        torch.compiler.save_cache_artifacts()  # writes Dynamo's package under TORCHINDUCTOR_CACHE_DIR
     result[str(precompile)] = {"out": out.tolist(), "tiers": torch_tpu.compile_stats()["graph_tiers"][n:],
                                "dynamo": dict(counters["dynamo_cache"])}
 print(json.dumps(result))
@@ -81,3 +82,27 @@ def test_second_process_hits_aot_autograd_and_dynamo_caches(tmp_path: Path) -> N
     assert abs(loss.item() - cold["train"]["loss"]) < 1e-4
     for p, g in zip(model.parameters(), cold["train"]["grads"], strict=True):
         torch.testing.assert_close(torch.tensor(g), p.grad.flatten(), rtol=1e-4, atol=1e-5)
+
+
+def test_aot_key_carries_the_torch_tpu_tag(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The same graph hits AOTAutogradCache again, and misses it once the torch_tpu tag (lowered
+    ops + tracing sources) differs: an upgrade never reuses a graph traced with another table."""
+    import torch
+    from torch._dynamo.utils import counters
+    from torch_tpu._internal import compile_cache
+
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
+    model = torch.nn.Linear(4, 3).to("tpu")
+    x = torch.randn(2, 4).to("tpu")
+
+    def compile_once() -> dict[str, int]:
+        torch._dynamo.reset()
+        counters.clear()
+        with torch.no_grad():
+            torch.compile(model, backend="tpu")(x).cpu()
+        return dict(counters["aot_autograd"])
+
+    assert compile_once().get("autograd_cache_miss") == 1
+    assert compile_once().get("autograd_cache_hit") == 1
+    monkeypatch.setattr(compile_cache, "_TAG", [compile_cache.backend_tag() + "-other"])
+    assert compile_once().get("autograd_cache_miss") == 1

@@ -105,7 +105,8 @@ def test_compiled_graph_builds_one_program_per_precision(dump: Path) -> None:
             compiled(x.to("tpu")).cpu()
             compiled(x.to("tpu")).cpu()  # the DEFAULT program is kept
         again = compiled(x.to("tpu")).cpu()
-    assert len(torch_tpu.compile_stats()["graph_tiers"]) == n + 1  # one more program, no retrace
+    tiers = torch_tpu.compile_stats()["graph_tiers"]
+    assert len(tiers) == n + 1 and tiers[-1]["aot"] == "reused"  # one more program, no retrace
     torch.testing.assert_close(again, out, rtol=0, atol=0)
     graphs = [f.read_text() for f in dump.glob("*.mlir") if f.read_text().startswith("// graph")]
     assert {m.group(1) for t in graphs for m in _CONFIG.finditer(t)} == {"HIGHEST", "DEFAULT"}

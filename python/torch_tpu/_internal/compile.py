@@ -332,8 +332,9 @@ _graph_counter = [0]
 # What the backend did with each FX graph it was given (tests and compile_stats() read these).
 STATS = {"graphs": 0, "programs": 0, "partitioned_graphs": 0, "eager_nodes": 0, "eager_graphs": 0,
          "aot_cache_hits": 0}
-# One entry per program built: {"graph", "aot": "traced" | "aot_cache", "xla": "xla_compiled" |
-# "xla_disk" | "xla_memory"}: which tier of each cache served it.
+# One entry per program built: {"graph", "aot": "traced" | "aot_cache" | "reused" (another
+# precision's program of a graph already here), "xla": "xla_compiled" | "xla_disk" |
+# "xla_memory"}: which tier of each cache served it.
 GRAPH_TIERS: list[dict[str, str]] = []
 _AOT_TIER = ["traced"]  # "aot_cache" while a cached AOTAutograd entry rebuilds its programs
 
@@ -400,7 +401,11 @@ class _Program:
         """The program for another contraction precision (torch.tpu.precision changed since the
         build): built on first use, then kept."""
         if precision not in self.gids:
-            self.gids[precision] = _build({**self.desc, "precision": precision})
+            _AOT_TIER[0] = "reused"  # the same traced graph, built for another precision
+            try:
+                self.gids[precision] = _build({**self.desc, "precision": precision})
+            finally:
+                _AOT_TIER[0] = "traced"
         return self.gids[precision]
 
     def __call__(self, args: Sequence[Any]) -> list[Any]:

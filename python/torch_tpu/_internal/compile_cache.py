@@ -26,6 +26,21 @@ from torch._inductor.output_code import OutputCode
 # rebuilt with the options in force when it is loaded.
 _XLA: list[bytes] = [b""]
 _TAG: list[str] = []
+_SAVE_AT_EXIT: list[bool] = []
+
+
+def _save_dynamo_packages() -> None:
+    """At exit: writes the Dynamo packages of the frames compiled in this process (what
+    torch.compiler.save_cache_artifacts() writes under caching precompile), so the next process
+    finds them without the user calling it."""
+    try:
+        from torch._dynamo.precompile_context import PrecompileContext
+
+        PrecompileContext.save_to_dynamo_cache()
+    except Exception as e:  # noqa: BLE001 - a cache write must never fail the exit
+        import warnings
+
+        warnings.warn(f"torch_tpu: could not save Dynamo's precompile cache at exit: {e}", stacklevel=1)
 
 
 def backend_tag() -> str:
@@ -55,6 +70,11 @@ def aot_cache(xla: bytes) -> Iterator[None]:
     import torch._functorch.config as functorch_config
     import torch.compiler.config as compiler_config
 
+    if torch._dynamo.config.caching_precompile and not _SAVE_AT_EXIT:
+        import atexit
+
+        _SAVE_AT_EXIT.append(True)
+        atexit.register(_save_dynamo_packages)  # runs before Dynamo's own exit hooks (LIFO)
     user_tag = compiler_config.cache_key_tag
     tag = backend_tag() if not user_tag else f"{user_tag}|{backend_tag()}"
     _XLA.append(xla)
