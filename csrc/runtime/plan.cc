@@ -114,7 +114,7 @@ std::string build_program(const Plan& plan) {
   for (size_t i = 0; i < plan.slots.size(); ++i)
     if (plan.slots[i].read) cur[i] = b.arg(Type{plan.slots[i].elem, {plan.slots[i].numel}});
   std::vector<Value> host_vals;
-  for (const HostOperand& h : plan.host) host_vals.push_back(b.arg(Type{h.elem, h.dims}));
+  for (const HostOperand& h : plan.host) host_vals.push_back(b.arg(Type{h.elem, h.dims()}));
   emit_op(b, cur, host_vals, plan);
   std::vector<Value> results;
   for (size_t i = 0; i < plan.slots.size(); ++i) {
