@@ -31,8 +31,13 @@ CallSignature::CallSignature(const OpInfo& info, c10::ArrayRef<c10::IValue> args
       tensor(v.toTensor(), args, j);
       if (v.toTensor().defined() && v.toTensor().device().type() == kTpu) has_input_tensor = true;
     } else if (hint == NamedArg::Hint::Scalar && v.isScalar()) {
-      if (v.isComplexDouble()) valid_ = false;
-      w_.push_back(kScalar * 16 + (v.isDouble() ? 1 : v.isBool() ? 2 : 3));  // the kind; the value is an operand
+      if (v.isComplexDouble()) {
+        valid_ = false;
+        break;
+      }
+      // The kind; the value is an operand, except a small integral one (a plan constant).
+      const auto k = small_int_scalar(v.toScalar());
+      w_.push_back((kScalar * 16 + (v.isDouble() ? 1 : v.isBool() ? 2 : 3)) * 8 + (k ? *k + 2 : 0));
     } else if (v.isBool()) {
       w_.push_back(kBool * 16 + v.toBool());
     } else if (v.isInt()) {

@@ -4,6 +4,7 @@
 #include <c10/core/DeviceGuard.h>
 #include <c10/util/Exception.h>
 
+#include <cmath>
 #include <cstring>
 #include <algorithm>
 #include <mutex>
@@ -391,8 +392,15 @@ ArgPlan plan_argument(Planner& pl, Plan& plan, const NamedArg& a, int arg_index,
     plan.key += "];";
   } else if (a.hint == NamedArg::Hint::Scalar || v.isScalar() && a.hint == NamedArg::Hint::Scalar) {
     av.kind = Arg::Kind::Scalar;
-    ap.host_index.push_back(pl.num_host());
-    pl.host_scalar(v.toScalar(), {src});
+    const c10::Scalar sc = v.toScalar();
+    if (auto k = small_int_scalar(sc)) {
+      ap.scalar_const = *k;
+      ap.scalar_const_elem = sc.isFloatingPoint() ? ElemType::F64 : ElemType::S64;
+      plan.key += (sc.isFloatingPoint() ? "Sf=" : "Si=") + std::to_string(*k) + ";";
+    } else {
+      ap.host_index.push_back(pl.num_host());
+      pl.host_scalar(sc, {src});
+    }
   } else if (a.hint == NamedArg::Hint::DType) {
     av.kind = Arg::Kind::DType;
     av.dtype = elem_of(static_cast<c10::ScalarType>(v.toInt()));
@@ -523,6 +531,20 @@ void execute_call(const runtime::Call& call, runtime::ProgramPtr* program, const
   } catch (const runtime::DeviceCheckError& e) {  // debug eager raises at the op
     throw_device_check(e.kind, e.what());
   }
+}
+
+std::optional<int64_t> small_int_scalar(const c10::Scalar& sc) {
+  if (sc.isFloatingPoint()) {
+    double d = sc.toDouble();
+    if (d == -1.0 || d == 0.0 || d == 1.0 || d == 2.0) {
+      if (d == 0.0 && std::signbit(d)) return std::nullopt;  // -0.0 stays an operand
+      return static_cast<int64_t>(d);
+    }
+  } else if (sc.isIntegral(false)) {
+    int64_t i = sc.toLong();
+    if (i >= -1 && i <= 2) return i;
+  }
+  return std::nullopt;
 }
 
 runtime::HostOperand host_operand(const c10::Scalar& sc) {

@@ -52,6 +52,9 @@ void run_lowering(const std::string& name, const std::string& overload,
 // become PyTorch's exception types.
 void execute_call(const runtime::Call& call, runtime::ProgramPtr* program, const runtime::MissReason& why);
 
+// A Python scalar the plan bakes in as a constant (ArgPlan::scalar_const): -1, 0, 1 or 2.
+std::optional<int64_t> small_int_scalar(const c10::Scalar& sc);
+
 // Host operand values: a Python scalar (complex: lowering::Unsupported) or a 0-d CPU tensor.
 runtime::HostOperand host_operand(const c10::Scalar& sc);
 runtime::HostOperand host_operand(const at::Tensor& t);

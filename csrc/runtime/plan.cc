@@ -78,7 +78,9 @@ void emit_op(shlo::Builder& b, std::vector<Value>& cur, const std::vector<Value>
           else a.tensors.push_back(std::nullopt);
         }
         break;
-      case lowering::Arg::Kind::Scalar: a.scalar = host_vals[ap.host_index[0]]; break;
+      case lowering::Arg::Kind::Scalar:
+        a.scalar = ap.scalar_const ? b.constant_i(*ap.scalar_const, ap.scalar_const_elem) : host_vals[ap.host_index[0]];
+        break;
       default: break;  // constants are already in `value`
     }
     call.args.emplace_back(ap.name, std::move(a));
