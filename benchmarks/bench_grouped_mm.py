@@ -10,7 +10,8 @@
 2. torch.tpu.ops.ragged_dot at the same shape (the routing of 64 tokens x top-2): the lowered XLA path,
    the Pallas kernel through jax_op (interpret mode off TPU), Transformers' eager per-expert loop on tpu
    (`experts_implementation="eager"`: one_hot mask, nonzero, one linear + index_add per expert) and
-   PyTorch CPU's `_grouped_mm`; forward and weight gradient, float32 and bfloat16.
+   PyTorch CPU's `_grouped_mm`; forward and weight gradient, float32 and bfloat16. The forward also
+   times the XLA path on the weights in nn.Linear layout [E, N, K] passed as a transposed view.
 3. Tiny Qwen3-MoE and Mixtral (the configs of tests/test_models_moe.py): forward and one AdamW train
    step, tpu strict eager vs CPU eager; and decode tokens/s at batch 64 (one token per sequence per
    step, KV cache) with Transformers' eager experts loop, its default grouped_mm experts, and the
@@ -166,6 +167,9 @@ def ragged_case(form: str, dtype: torch.dtype) -> dict[str, Any]:
             "ragged_dot_xla": timed(lambda: torch_tpu.ops.ragged_dot(d["rows"], wd, d["sizes"], impl="xla"), True),
             "ragged_dot_pallas": timed(lambda: torch_tpu.ops.ragged_dot(d["rows"], wd, d["sizes"], impl="pallas"),
                                        True),
+            # the same weights in nn.Linear layout [E, N, K], passed as a transposed view
+            "ragged_dot_xla_nk_view": timed(lambda: torch_tpu.ops.ragged_dot(d["rows"], wld.transpose(1, 2),
+                                                                               d["sizes"], impl="xla"), True),
             "tpu_hf_eager_loop": timed(lambda: hf_eager_loop(d["xt"], wld, d["idx"]), True),
             "cpu_grouped_mm": timed(lambda: torch._grouped_mm(rows, w, offs), False),
         }

@@ -26,10 +26,13 @@ def available() -> bool:
 
 
 class JaxPrefill:
-    def __init__(self, model: Any, ids: torch.Tensor, cache_len: int) -> None:
+    def __init__(self, model: Any, ids: torch.Tensor, cache_len: int, precision: str | None = None) -> None:
+        """`precision`: jax.default_matmul_precision for the dots ("highest" = float32, what
+        torch_tpu emits by default); None keeps JAX's default."""
         import jax
         import jax.numpy as jnp
 
+        self.precision = precision
         cfg = model.config
         self.h, self.kvh = cfg.num_attention_heads, cfg.num_key_value_heads
         self.hd = cfg.hidden_size // self.h
@@ -90,8 +93,15 @@ class JaxPrefill:
         logits = x @ head.T
         return jnp.argmax(logits, axis=-1), new_cache
 
+    def _precision(self) -> Any:
+        import contextlib
+
+        return contextlib.nullcontext() if self.precision is None else \
+            self._jax.default_matmul_precision(self.precision)
+
     def run(self) -> int:
-        tok, cache = self._fn(self.weights, self.ids, self.cos, self.sin, self.cache)
+        with self._precision():
+            tok, cache = self._fn(self.weights, self.ids, self.cos, self.sin, self.cache)
         self._jax.block_until_ready((tok, cache))
         return int(tok[0])
 
@@ -101,5 +111,6 @@ class JaxPrefill:
         return time.perf_counter() - t0
 
     def hlo_text(self) -> str:
-        lowered = self._fn.lower(self.weights, self.ids, self.cos, self.sin, self.cache)
-        return lowered.compile().as_text()
+        with self._precision():
+            lowered = self._fn.lower(self.weights, self.ids, self.cos, self.sin, self.cache)
+            return lowered.compile().as_text()

@@ -121,3 +121,43 @@ def test_first_error_wins_and_item_raises() -> None:
         b.sum().item()
     del a
     assert x.sum().item() == 15.0
+
+
+def test_failed_launch_is_named_among_many() -> None:
+    # One status per device counts the checked launches that passed: the first failure names its
+    # own op and line, not a neighbour's; a later failure of another op is not reported.
+    x = _x("tpu")
+    good, bad = torch.tensor([0, 2], device="tpu"), torch.tensor([1, 9], device="tpu")
+    first = test_failed_launch_is_named_among_many.__code__.co_firstlineno
+    with set_eager_mode(EagerMode.DEFER_NEVER):
+        for _ in range(3):
+            x.index_select(0, good)
+            F.embedding(good, x)
+        F.embedding(bad, x)  # first + 10: the first failure
+        x.index_select(0, bad)
+        with pytest.raises(IndexError, match=rf"aten::embedding, launched at .*test_device_checks.py:{first + 10}\)"):
+            torch.tpu.synchronize()
+        # A long run without host reads reads the status every 4096 checked launches, so the
+        # error surfaces at a later op, still naming the failed one.
+        with pytest.raises(IndexError, match=rf"launched at .*test_device_checks.py:{first + 18}\)"):
+            for i in range(4200):
+                x.index_select(0, bad if i == 5 else good)  # first + 18
+        assert x.index_select(0, good).sum().item() == 10.0
+
+
+def test_one_status_read_per_sync() -> None:
+    # Checked launches add to one status buffer per device: a host read reads it once, not once
+    # per checked op, and a read with no checked launch since the last one reads nothing.
+    x = _x("tpu")
+    i = torch.tensor([2, 0], device="tpu")
+    with set_eager_mode(EagerMode.DEFER_NEVER):
+        torch.tpu.synchronize()
+        s0 = _C._device_check_stats()
+        for _ in range(5):
+            y = x.index_select(0, i)
+        torch.tpu.synchronize()
+        torch.tpu.synchronize()
+        s1 = _C._device_check_stats()
+    assert s1["checked_launches"] - s0["checked_launches"] == 5
+    assert s1["status_reads"] - s0["status_reads"] == 1
+    torch.testing.assert_close(y.cpu(), _x("cpu").index_select(0, torch.tensor([2, 0])))

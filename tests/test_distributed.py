@@ -210,6 +210,11 @@ def test_spawn_helper_and_torch_tpu_distributed_alias() -> None:
                 assert f.read() == "[3.0, 3.0]"
 
 
+def test_jax_op_sharded_over_processes(pool: Pool) -> None:
+    pytest.importorskip("jax")
+    pool.ok("jax_op_sharded", timeout=120)
+
+
 def test_compiled_tp_decode_no_recompiles(pool: Pool) -> None:
     res = pool.ok("compiled_tp_decode", timeout=300)
     if os.environ.get("TORCH_TPU_DIST_TABLE"):

@@ -246,8 +246,48 @@ def test_bad_inputs_name_the_op() -> None:
     with pytest.raises(ValueError, match="tpu_test::sinmm.*on cpu"):
         sinmm(torch.randn(4, 8), torch.randn(8, 3).to("tpu"))
 
-    with pytest.raises(RuntimeError, match="process group"):
-        jax_op("tpu_test::meshed", _sinmm_ref, mesh=object())
+    def plain(x: jax.Array) -> jax.Array:
+        return x + 1
+
+    with pytest.raises(TypeError, match="tpu_test::meshed.*JAX mesh"):
+        jax_op("tpu_test::meshed", plain, mesh=object())
+
+
+def test_mesh_without_process_group() -> None:
+    """No process group: a one-chip mesh runs here (axis_index 0); a mesh over more chips, a spec
+    naming an unknown axis, or a collective raise errors saying what to do. (2 processes:
+    tests/test_distributed.py::test_jax_op_sharded_over_processes.)"""
+    from jax.sharding import AbstractMesh
+    from jax.sharding import PartitionSpec as P
+    from torch_tpu.pallas import get_pallas_mesh
+
+    mesh = torch.tpu.pallas.get_pallas_mesh(("x", "y"))
+    assert tuple(mesh.axis_sizes) == (1, 1) and tuple(mesh.axis_names) == ("x", "y")
+
+    @jax_op("tpu_test::shard_body", mesh=mesh, input_partition_specs=(P("x", "y"),), output_partition_specs=P("x"))
+    def body(a: jax.Array) -> jax.Array:
+        return a * 3 + jax.lax.axis_index(("x", "y")).astype(a.dtype)
+
+    a = torch.randn(4, 2)
+    torch.testing.assert_close(body(a.to("tpu")).cpu(), a * 3)
+    with pytest.raises(RuntimeError, match="no process group is initialised.*init_process_group"):
+        get_pallas_mesh(("x",), mesh_shape=(2,))
+
+    def raw(a: jax.Array) -> jax.Array:
+        return a
+    with pytest.raises(RuntimeError, match="tpu_test::wide.*2 chips.*no process group"):
+        jax_op("tpu_test::wide", raw, mesh=AbstractMesh((2,), ("x",)), input_partition_specs=(P("x"),))
+    with pytest.raises(ValueError, match="tpu_test::badaxis.*'z'"):
+        jax_op("tpu_test::badaxis", raw, mesh=mesh, input_partition_specs=(P("z"),))
+    with pytest.raises(ValueError, match="tpu_test::nspecs.*2 entries for 1"):
+        jax_op("tpu_test::nspecs", raw, mesh=mesh, input_partition_specs=(P(), P()))
+
+    @jax_op("tpu_test::psum", mesh=mesh, input_partition_specs=(P("x"),))
+    def summed(a: jax.Array) -> jax.Array:
+        return jax.lax.psum(a, "x")
+
+    with pytest.raises(NotImplementedError, match="tpu_test::psum.*'psum'.*torch.distributed"):
+        summed(a.to("tpu"))
 
 
 def test_without_jax_the_error_says_what_to_install() -> None:

@@ -59,6 +59,14 @@ def test_kernelize_swaps_experts_and_norms(kind: str) -> None:
     assert torch_tpu.fallback_stats() == {}
     torch.testing.assert_close(out.cpu(), plain, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(out.cpu(), cpu_ref, atol=1e-4, rtol=1e-4)
+    # float32 inference reads a cached [E, K, N] copy of the experts: changing the weights in place
+    # refreshes it (the CPU model gets the same change)
+    cpu_model = _tiny(kind).eval()
+    with torch.no_grad():
+        for m in (cpu_model, model):
+            m.model.layers[0].mlp.experts.gate_up_proj.mul_(-0.5)
+        torch.testing.assert_close(model(input_ids=ids.to("tpu")).logits.cpu(), cpu_model(input_ids=ids).logits,
+                                   atol=1e-4, rtol=1e-4)
 
 
 def test_transformers_kernel_config_mapping() -> None:

@@ -49,7 +49,11 @@ def test_forward_and_weight_grad(dtype: torch.dtype, m: int, sizes: list[int]) -
     syncs = torch_tpu.dispatch_stats()["host_syncs"]
     out = torch.tpu.ops.ragged_dot(lhs.to("tpu"), rhs.to("tpu"), gs.to("tpu"))
     wg = torch.tpu.ops.ragged_dot_weight_grad(lhs.to("tpu"), grad.to("tpu"), gs.to("tpu"))
+    # rhs as a transposed [G, N, K] view (nn.Linear-layout experts): contracted in its own layout
+    out_t = torch.tpu.ops.ragged_dot(lhs.to("tpu"), rhs.transpose(1, 2).contiguous().to("tpu").transpose(1, 2),
+                                     gs.to("tpu"))
     assert torch_tpu.dispatch_stats()["host_syncs"] == syncs
+    torch.testing.assert_close(out_t.cpu().float(), _loop(lhs, rhs, sizes), **TOL[dtype])
     assert out.dtype == dtype and out.shape == (m, 24) and wg.shape == (len(sizes), 16, 24)
     torch.testing.assert_close(out.cpu().float(), _loop(lhs, rhs, sizes), **TOL[dtype])
     torch.testing.assert_close(wg.cpu().float(), _wgrad_loop(lhs, grad, sizes), **TOL[dtype])

@@ -1,8 +1,34 @@
 #include "common.h"
 
+#include <ATen/Context.h>
 #include <c10/util/Exception.h>
 
+#include <atomic>
+
 namespace tpu::aten {
+
+namespace {
+std::atomic<int> g_precision_override{-1};
+}  // namespace
+
+shlo::Precision matmul_precision() {
+  int o = g_precision_override.load(std::memory_order_relaxed);
+  if (o >= 0) return static_cast<shlo::Precision>(o);
+  switch (at::globalContext().float32MatmulPrecision()) {
+    case at::Float32MatmulPrecision::HIGHEST: return shlo::Precision::Highest;
+    case at::Float32MatmulPrecision::HIGH: return shlo::Precision::High;
+    case at::Float32MatmulPrecision::MEDIUM: return shlo::Precision::Default;
+  }
+  return shlo::Precision::Highest;
+}
+
+void set_precision_override(int p) {
+  TORCH_CHECK_VALUE(p >= -1 && p <= 2, "torch_tpu: precision must be DEFAULT, HIGH or HIGHEST");
+  g_precision_override.store(p, std::memory_order_relaxed);
+}
+
+int precision_override() { return g_precision_override.load(std::memory_order_relaxed); }
+
 
 using shlo::ElemType;
 

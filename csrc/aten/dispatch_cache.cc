@@ -20,7 +20,9 @@ constexpr size_t kMaxEntries = 8192;  // beyond: start over (entries are cheap t
 
 CallSignature::CallSignature(const OpInfo& info, c10::ArrayRef<c10::IValue> args) {
   w_.push_back(reinterpret_cast<intptr_t>(&info));
-  w_.push_back(static_cast<int64_t>(runtime::Context::get().mode()) * 2 + (runtime::device_checks() ? 1 : 0));
+  // Global settings that reach the plan: eager mode (flattening), device checks, matmul precision.
+  w_.push_back((static_cast<int64_t>(runtime::Context::get().mode()) * 2 + (runtime::device_checks() ? 1 : 0)) * 8 +
+               static_cast<int64_t>(matmul_precision()));
   bool has_input_tensor = false;
   for (size_t j = 0; j < args.size() && valid_; ++j) {
     const c10::IValue& v = args[j];

@@ -8,7 +8,9 @@
 //   data. One documented host sync reads min and max back together (min < 0 is an error like on
 //   the CPU); the lowering in csrc/lowering/search.cc scatters into the sized output.
 //
-// Both go through run_lowering (strict/fused eager, compile cache, explain) like every lowered
+// - torch_tpu::ragged_dot: only to pass the rhs layout hint (below).
+//
+// All go through run_lowering (strict/fused eager, compile cache, explain) like every lowered
 // op; a lowering that refuses (Unsupported) falls back to the CPU, counted as usual.
 #include <ATen/core/Tensor.h>
 #include <ATen/core/dispatch/Dispatcher.h>
@@ -140,6 +142,32 @@ void grouped_mm_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet, torch
   stack->push_back(out);
 }
 
+// torch_tpu::ragged_dot (defined in python/torch_tpu/ops, which checks the arguments first): the
+// generic path plus the layout hint _grouped_mm gets, so a transposed [G,N,K] rhs (nn.Linear-layout
+// experts, and the input gradient's rhs.transpose(1, 2)) is contracted in place.
+void ragged_dot_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stack* stack) {
+  auto args = torch::jit::last(*stack, 3);
+  const at::Tensor a = args[0].toTensor();
+  const at::Tensor w = args[1].toTensor();
+  const at::Tensor sizes = args[2].toTensor();
+  TORCH_CHECK(a.dim() == 2 && w.dim() == 3 && sizes.dim() == 1 && w.size(0) == sizes.size(0) &&
+                  w.size(1) == a.size(1),
+              "ragged_dot: expected lhs [M, K], rhs [G, K, N] and group_sizes [G], got ", a.sizes(), ", ",
+              w.sizes(), ", ", sizes.sizes());
+  TORCH_CHECK(w.scalar_type() == a.scalar_type(), "ragged_dot: lhs and rhs must share one dtype");
+  if (a.device().type() != kTpu || w.device() != a.device() || sizes.device() != a.device()) {
+    cpu_fallback(op, stack, "operands on different devices");
+    return;
+  }
+  c10::DeviceGuard guard(a.device());
+  at::Tensor out = at::empty({a.size(0), w.size(2)}, a.options());
+  const bool w_col_major = w.size(1) > 1 && w.size(2) > 1 && w.stride(1) == 1 && w.stride(2) != 1;
+  std::vector<NamedArg> named{{"lhs", a}, {"rhs", w}, {"group_sizes", sizes}, {"rhs_col_major", w_col_major}};
+  if (!run_or_fallback(op, stack, "ragged_dot", named, {out}, a.scalar_type())) return;
+  torch::jit::drop(*stack, 3);
+  stack->push_back(out);
+}
+
 void bincount_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stack* stack) {
   const bool has_out = op.schema().overload_name() == "out";
   const size_t n = has_out ? 4 : 3;
@@ -189,6 +217,10 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("_grouped_mm", torch::CppFunction::makeFromBoxedFunction<&grouped_mm_kernel>());
   m.impl("bincount", torch::CppFunction::makeFromBoxedFunction<&bincount_kernel>());
   m.impl("bincount.out", torch::CppFunction::makeFromBoxedFunction<&bincount_kernel>());
+}
+
+TORCH_LIBRARY_IMPL(torch_tpu, PrivateUse1, m) {
+  m.impl("ragged_dot", torch::CppFunction::makeFromBoxedFunction<&ragged_dot_kernel>());
 }
 
 }  // namespace tpu::aten

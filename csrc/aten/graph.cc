@@ -7,6 +7,7 @@
 
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <unordered_map>
 
 #include <ATen/ops/empty.h>
@@ -102,6 +103,7 @@ namespace {
 std::string graph_module(const GraphDesc& desc, std::vector<int64_t>& out_numel,
                          std::vector<runtime::CheckSource>* checks = nullptr) {
   shlo::Builder b;
+  b.set_precision(desc.precision < 0 ? matmul_precision() : static_cast<shlo::Precision>(desc.precision));
   std::unordered_map<int64_t, Value> vals;
   for (size_t i = 0; i < desc.inputs.size(); ++i)
     vals[static_cast<int64_t>(i)] = b.arg(Type{elem_of(static_cast<c10::ScalarType>(desc.inputs[i].dtype)), desc.inputs[i].sizes});
@@ -155,7 +157,7 @@ std::string graph_module(const GraphDesc& desc, std::vector<int64_t>& out_numel,
         res = entry->fn(b, call);
         b.set_checking(false);
         for (size_t k = ncodes; k < b.error_codes().size(); ++k)
-          checks->push_back({b.error_codes()[k], "aten::" + node.op + " in graph " + desc.name, ""});
+          checks->push_back({b.error_codes()[k], "aten::" + node.op + " in graph " + desc.name, {}});
       } catch (const lowering::Unsupported& e) {
         // The Python backend parses "graph node <i>" and runs that node outside the compiled pieces.
         throw lowering::Unsupported("torch_tpu: graph node " + std::to_string(node_index) +
@@ -195,7 +197,11 @@ std::string graph_module(const GraphDesc& desc, std::vector<int64_t>& out_numel,
     b.alias(static_cast<int>(input), static_cast<int>(results.size()));
     results.push_back(v);
   }
-  if (b.has_errors()) results.push_back(b.error_status());  // last result
+  if (b.has_errors()) {  // the device's status: last argument, donated to the last result
+    Value status = b.arg(Type{ElemType::S32, {2}});
+    b.alias(b.num_args() - 1, static_cast<int>(results.size()));
+    results.push_back(b.fold_status(status));
+  }
   return b.module(results);
 }
 
@@ -297,7 +303,17 @@ std::vector<at::Tensor> run_graph(int64_t id, at::TensorList given) {
     for (const auto& m : d.mutations) mutated |= m.first == static_cast<int64_t>(i);
     if (!mutated) non_donatable.push_back(static_cast<int64_t>(i));
   }
+  std::vector<runtime::CheckSource> sources;  // captured before the status lock (the capture takes the GIL)
+  std::optional<runtime::CheckedLaunch> check;
+  if (!g->checks.empty()) {
+    sources = g->checks;
+    runtime::LaunchSite site = runtime::capture_site();  // the line calling the compiled code
+    for (auto& s : sources) s.site = site;
+    check.emplace(device);
+    args.push_back(check->status_arg());
+  }
   auto results = runtime::Executor::get().launch(*g->exe, device, args, non_donatable, "graph " + d.name);
+  if (check) check->done(results.back(), std::move(sources));
   c10::DeviceGuard guard(c10::Device(kTpu, static_cast<c10::DeviceIndex>(device)));
   std::vector<at::Tensor> outs;
   for (size_t i = 0; i < d.outputs.size(); ++i) {
@@ -337,12 +353,9 @@ std::vector<at::Tensor> run_graph(int64_t id, at::TensorList given) {
     copy_into(t, tmp);
     fused_flush();
   }
-  if (!g->checks.empty()) {
-    std::vector<runtime::CheckSource> sources = g->checks;
-    std::string site = runtime::check_sources({0}, "")[0].site;  // the line calling the compiled code
-    for (auto& s : sources) s.site = site;
+  if (check) {
     try {
-      runtime::add_error_status(results.back(), std::move(sources));
+      check->raise_if_due();
     } catch (const runtime::DeviceCheckError& e) {  // debug eager raises at the launch
       throw_device_check(e.kind, e.what());
     }

@@ -45,6 +45,7 @@ struct GraphDesc {
   std::string name;
   std::string compile_options;  // extra serialized CompileOptionsProto fields (XLA options)
   bool plain_outputs = false;   // graph_text for export: outputs as shaped values
+  int precision = -1;           // shlo::Precision of contractions; -1: matmul_precision() now
 };
 
 // Builds and compiles the program; returns a graph id for run_graph.

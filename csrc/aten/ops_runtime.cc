@@ -145,12 +145,13 @@ int64_t fused_sdp_choice(const at::Tensor& q, const at::Tensor& k, const at::Ten
   auto dt = q.scalar_type();
   bool float_type = dt == at::kFloat || dt == at::kBFloat16 || dt == at::kHalf || dt == at::kDouble;
   if (!float_type || k.scalar_type() != dt || v.scalar_type() != dt) return math;
-  // Symbolic sizes (dynamic shapes) are specialized: compiled programs are per concrete shape.
-  auto size = [](const at::Tensor& t, int64_t d) { return t.sym_size(d).guard_int(__FILE__, __LINE__); };
+  // Symbolic sizes (dynamic shapes) stay symbolic: the checks guard on relations between sizes
+  // (k and v agree, S != 0), never on their values, so Dynamo keeps one graph for every size.
+  auto size = [](const at::Tensor& t, int64_t d) { return t.sym_size(d); };
   int64_t r = q.dim();
   if ((r != 3 && r != 4) || k.dim() != r || v.dim() != r) return math;
   if (r == 4 && (size(k, 0) != size(q, 0) || size(v, 0) != size(q, 0))) return math;
-  int64_t hq = size(q, -3), hk = size(k, -3), L = size(q, -2), S = size(k, -2);
+  c10::SymInt hq = size(q, -3), hk = size(k, -3), L = size(q, -2), S = size(k, -2);
   if (size(v, -3) != hk || size(v, -2) != S || size(k, -1) != size(q, -1)) return math;
   if (L == 0 || S == 0 || size(q, -1) == 0 || size(v, -1) == 0 || hk == 0) return math;
   if (hq != hk && !(enable_gqa && hq % hk == 0)) return math;
@@ -161,7 +162,7 @@ int64_t fused_sdp_choice(const at::Tensor& q, const at::Tensor& k, const at::Ten
     if (m.scalar_type() != at::kBool && m.scalar_type() != dt) return math;
     if (m.dim() > r) return math;
     for (int64_t i = 1; i <= m.dim(); ++i) {  // broadcastable to [.., Hq, L, S]
-      int64_t want = i == 1 ? S : i == 2 ? L : i == 3 ? hq : size(q, 0);
+      c10::SymInt want = i == 1 ? S : i == 2 ? L : i == 3 ? hq : size(q, 0);
       if (size(m, -i) != 1 && size(m, -i) != want) return math;
     }
   }

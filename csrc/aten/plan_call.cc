@@ -491,11 +491,14 @@ void run_lowering(const std::string& name, const std::string& overload,
   plan.what = "aten::" + name + (overload.empty() ? "" : "." + overload);
   plan.common = elem_of(common);
   plan.flattened = flatten;
+  plan.precision = matmul_precision();
   plan.key.reserve(256);
   plan.key += name;
   plan.key += '.';
   plan.key += overload;
-  plan.key += flatten ? "|F|" : "|";
+  plan.key += flatten ? "|F" : "|";
+  plan.key += static_cast<char>('0' + static_cast<int>(plan.precision));
+  plan.key += '|';
   runtime::Call call;
   Planner pl(plan, call, record, flatten);
 

@@ -91,7 +91,7 @@ Value conv_general(Builder& b, Value lhs, Value rhs, const Labels& ld, const Lab
                       ", rhs_dilation = " + Builder::dense_array(w.rhs_dil) +
                       ", dimension_numbers = #stablehlo.conv<" + label_str(ld) + "x" + label_str(rd) +
                       "->" + label_str(od) + ">, feature_group_count = " + std::to_string(fgc) +
-                      " : i64, batch_group_count = " + std::to_string(bgc) + " : i64";
+                      " : i64, batch_group_count = " + std::to_string(bgc) + " : i64, " + b.precision_config();
   return b.op("convolution", {lhs, rhs}, Type{lhs.elem(), out}, attrs);
 }
 

@@ -6,8 +6,11 @@
 #include <pybind11/stl.h>
 
 #include <cstring>
+#include <memory>
+#include <unordered_map>
 
 #include "aten/allocator.h"
+#include "aten/common.h"
 #include "aten/plan_call.h"
 #include "aten/cpu_fallback.h"
 #include "aten/generator.h"
@@ -68,6 +71,7 @@ tpu::aten::GraphDesc graph_desc(const py::dict& d) {
   if (d.contains("rng")) g.rng = d["rng"].cast<std::vector<std::pair<int64_t, int64_t>>>();
   if (d.contains("compile_options")) g.compile_options = d["compile_options"].cast<std::string>();
   if (d.contains("plain_outputs")) g.plain_outputs = d["plain_outputs"].cast<bool>();
+  if (d.contains("precision")) g.precision = d["precision"].cast<int>();
   return g;
 }
 
@@ -78,20 +82,56 @@ tpu::aten::TpuGenerator* gen(int device) {
 }  // namespace
 
 namespace {
-// The innermost Python line outside torch / torch_tpu that launched the current op (device-side
-// check messages). Called only for checked ops; takes the GIL (ops run with it released).
-std::string python_launch_site() {
+// Launch sites of device-checked ops: the innermost Python frame outside torch / torch_tpu,
+// kept as (code object, instruction offset) and formatted as "file.py:12" only when a check
+// fails. Code objects met here are interned (one strong reference each) with whether they are
+// internal, so a capture is a short frame walk with one hash lookup per frame. Called only for
+// checked ops; takes the GIL (ops run with it released).
+std::unordered_map<PyCodeObject*, bool>& site_codes() {  // under the GIL
+  static auto* m = std::make_unique<std::unordered_map<PyCodeObject*, bool>>().release();
+  return *m;
+}
+constexpr size_t kMaxSiteCodes = 1 << 16;
+
+std::string code_file(PyCodeObject* code) {
+  const char* file = PyUnicode_AsUTF8(code->co_filename);
+  if (!file) PyErr_Clear();
+  return file ? file : "";
+}
+
+tpu::runtime::LaunchSite capture_python_site() {
   if (!Py_IsInitialized()) return {};
   PyGILState_STATE g = PyGILState_Ensure();
-  std::string site;
+  tpu::runtime::LaunchSite site;
+  auto& codes = site_codes();
   PyFrameObject* f = PyThreadState_GetFrame(PyThreadState_Get());  // new reference
-  for (int depth = 0; f && depth < 64 && site.empty(); ++depth) {
-    PyCodeObject* code = PyFrame_GetCode(f);
-    const char* file = PyUnicode_AsUTF8(code->co_filename);
-    std::string fs = file ? file : "";
-    if (!fs.empty() && fs.find("/torch/") == std::string::npos && fs.find("/torch_tpu/") == std::string::npos &&
-        fs.find("<frozen") == std::string::npos)
-      site = fs + ":" + std::to_string(PyFrame_GetLineNumber(f));
+  for (int depth = 0; f && depth < 64; ++depth) {
+    PyCodeObject* code = PyFrame_GetCode(f);  // new reference
+    auto it = codes.find(code);
+    bool internal;
+    if (it != codes.end()) {
+      internal = it->second;
+    } else {
+      std::string fs = code_file(code);
+      internal = fs.empty() || fs.find("/torch/") != std::string::npos ||
+                 fs.find("/torch_tpu/") != std::string::npos || fs.find("<frozen") != std::string::npos;
+      if (codes.size() < kMaxSiteCodes) {
+        Py_INCREF(code);  // interned: `site.code` stays valid
+        it = codes.emplace(code, internal).first;
+      }
+    }
+    if (!internal) {
+      if (it != codes.end()) {
+        site.code = code;
+#if PY_VERSION_HEX >= 0x030B0000
+        site.lasti = PyFrame_GetLasti(f);
+#else
+        site.line = PyFrame_GetLineNumber(f);
+#endif
+      }
+      Py_DECREF(code);
+      break;
+    }
     Py_DECREF(code);
     PyFrameObject* back = PyFrame_GetBack(f);
     Py_DECREF(f);
@@ -103,6 +143,17 @@ std::string python_launch_site() {
   return site;
 }
 
+std::string format_python_site(const tpu::runtime::LaunchSite& s) {
+  if (!Py_IsInitialized() || !s.code) return {};
+  PyGILState_STATE g = PyGILState_Ensure();
+  auto* code = static_cast<PyCodeObject*>(const_cast<void*>(s.code));
+  int line = s.lasti >= 0 ? PyCode_Addr2Line(code, s.lasti) : s.line;
+  std::string out = code_file(code) + ":" + std::to_string(line);
+  if (PyErr_Occurred()) PyErr_Clear();
+  PyGILState_Release(g);
+  return out;
+}
+
 [[noreturn]] void rethrow_check(const tpu::runtime::DeviceCheckError& e) {
   if (e.kind == 1) throw py::index_error(e.what());
   throw std::runtime_error(e.what());
@@ -110,9 +161,16 @@ std::string python_launch_site() {
 }  // namespace
 
 PYBIND11_MODULE(_C, m) {
-  tpu::runtime::set_launch_site_provider(&python_launch_site);
+  tpu::runtime::set_site_provider({&capture_python_site, &format_python_site});
   m.def("_set_device_checks", [](bool on) { tpu::runtime::set_device_checks(on); });
   m.def("_device_checks", [] { return tpu::runtime::device_checks(); });
+  m.def("_device_check_stats", [] {
+    auto s = tpu::runtime::device_check_stats();
+    py::dict d;
+    d["checked_launches"] = s.checked_launches;
+    d["status_reads"] = s.status_reads;
+    return d;
+  });
   m.def("_check_device_errors", [] {
     py::gil_scoped_release nogil;
     try {
@@ -220,6 +278,9 @@ PYBIND11_MODULE(_C, m) {
   });
   m.def("_jax_registered", [](const std::string& key) { return tpu::lowering::has_foreign_module(key); });
   m.def("_graph_build", [](const py::dict& d) { return tpu::aten::build_graph(graph_desc(d)); });
+  m.def("_matmul_precision", [] { return static_cast<int>(tpu::aten::matmul_precision()); });
+  m.def("_set_precision_override", &tpu::aten::set_precision_override);
+  m.def("_precision_override", &tpu::aten::precision_override);
   m.def("_graph_text", [](const py::dict& d) { return tpu::aten::graph_text(graph_desc(d)); });
   m.def("_graph_unsupported", [](const py::dict& d) { return tpu::aten::unsupported_ops(graph_desc(d)); });
   m.def("_lowered_ops", [] { return tpu::lowering::registered_ops(); });

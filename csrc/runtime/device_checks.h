@@ -1,10 +1,14 @@
-// Device-side error checks (lowering.h check()): a checked program has one extra i32 result, its
-// error status (0 = fine, else the code of a failed check). Launches append the status buffer to
-// a pending list instead of reading it (no host sync per op); the next host read, synchronize()
-// or - in debug eager - the launch itself reads the pending statuses and raises the first error
-// with the op's name and the Python line that launched it.
+// Device-side error checks (lowering.h check()). Each device has one status buffer, s32[2] =
+// {checked launches that passed, code of the first failed check (0 = none)}. A checked program
+// takes it as its last argument, donated, and returns the updated status as its last result
+// (Builder::fold_status), so a launch allocates nothing and the host reads one status per device
+// at the next host read or synchronize() - not one per op. The host keeps, per device, the
+// sources (op name + launching Python line, formatted only on failure) of the launches since the
+// last read; the passed count picks the failed launch. Debug eager (launch blocking) reads the
+// status at each checked launch, so the op itself raises.
 #pragma once
 #include <cstdint>
+#include <mutex>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -17,28 +21,68 @@ namespace tpu::runtime {
 bool device_checks();
 void set_device_checks(bool on);
 
-// The Python line launching the current op ("file.py:12"); installed by the Python module.
-void set_launch_site_provider(std::string (*fn)());
-
-// Who may have set a status: the error code's op (what) and launch site.
-struct CheckSource {
-  int32_t code;
-  std::string what, site;
+// The Python line that launched an op, captured cheaply (an interned code object and the
+// instruction offset) and turned into "file.py:12" only when a check failed.
+struct LaunchSite {
+  const void* code = nullptr;  // owned by the provider (interned for the process)
+  int lasti = -1;              // instruction offset in `code`
+  int line = -1;               // or the line itself
+  std::string str() const;     // "" when unknown
 };
-// The check codes a checked op recorded (code list of the builder) -> sources, with the site
-// captured now. Cheap: called only for checked ops.
-std::vector<CheckSource> check_sources(const std::vector<int32_t>& codes, const std::string& what);
+struct SiteProvider {
+  LaunchSite (*capture)() = nullptr;
+  std::string (*format)(const LaunchSite&) = nullptr;
+};
+void set_site_provider(SiteProvider p);  // installed by the Python module
+LaunchSite capture_site();
 
-// Adds a launched program's status buffer; raises at once in debug eager (launch blocking).
-void add_error_status(pjrt::BufferPtr status, std::vector<CheckSource> sources);
+// Who may have set a status: the error code's op (what) and launch site. code 0 = any check of
+// `what` (strict: one op; fused: several candidates, each named).
+struct CheckSource {
+  int32_t code = 0;
+  std::string what;
+  LaunchSite site;
+};
+std::vector<CheckSource> check_sources(const std::string& what);  // one source, site captured now
+
+// One checked launch on `device`: the device's status goes in as the program's last argument
+// (donated) and comes back as its last result. The lock held from construction to done() keeps
+// launch order and status order the same across threads; call done() right after the launch
+// (nothing that may launch a checked program in between). If the launch throws before done(), the
+// (possibly donated) status is replaced by a fresh one.
+class CheckedLaunch {
+ public:
+  explicit CheckedLaunch(int device);
+  ~CheckedLaunch();
+  CheckedLaunch(const CheckedLaunch&) = delete;
+  CheckedLaunch& operator=(const CheckedLaunch&) = delete;
+  PJRT_Buffer* status_arg() const;
+  // Stores the program's status result and releases the device's status; never raises.
+  void done(pjrt::BufferPtr status, std::vector<CheckSource> sources);
+  // Call once the launch's results are stored: in debug eager (launch blocking), or when many
+  // launches went unread, reads the status now and raises a failure (DeviceCheckError).
+  void raise_if_due();
+
+ private:
+  struct DeviceStatus* ds_;
+  std::unique_lock<std::mutex> lock_;
+  bool done_ = false, due_ = false;
+};
 
 // kind: 1 = IndexError, 2 = RuntimeError (lowering::CheckKind).
 struct DeviceCheckError : std::runtime_error {
   DeviceCheckError(int k, const std::string& m) : std::runtime_error(m), kind(k) {}
   int kind;
 };
-// Reads every pending status; throws DeviceCheckError for the first failed one (all pending
-// statuses are consumed, so the process continues cleanly after the error).
+// Reads each device's status (one small read per device with checked launches since the last
+// read); throws DeviceCheckError for a failed check. A failed status is reset, so the process
+// continues cleanly after the error.
 void check_device_errors();
+
+// Counters since start: checked launches and host reads of a status (benchmarks, tests).
+struct DeviceCheckStats {
+  uint64_t checked_launches = 0, status_reads = 0;
+};
+DeviceCheckStats device_check_stats();
 
 }  // namespace tpu::runtime

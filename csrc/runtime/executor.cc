@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <optional>
 #include <unordered_map>
 
 #include "compile_cache.h"
@@ -160,7 +161,15 @@ void run_strict(const Call& call, ProgramPtr* program, const MissReason& miss_re
     keep.push_back(upload_host(h, call.device));
     args.push_back(keep.back()->raw());
   }
+  std::vector<CheckSource> sources;  // captured before the status lock (the capture takes the GIL)
+  std::optional<CheckedLaunch> check;
+  if (checked) {
+    sources = check_sources(plan.what);
+    check.emplace(call.device);
+    args.push_back(check->status_arg());
+  }
   auto results = Executor::get().launch(*(*program)->exe, call.device, args, {}, plan.what);
+  if (check) check->done(results.back(), std::move(sources));
   size_t ri = 0;
   for (size_t i = 0; i < plan.slots.size(); ++i) {
     if (!plan.slots[i].written) continue;
@@ -170,7 +179,7 @@ void run_strict(const Call& call, ProgramPtr* program, const MissReason& miss_re
     st->elem = plan.slots[i].elem;
   }
   dispatch_stats().ops++;
-  if (checked) add_error_status(results.back(), check_sources({0}, plan.what));
+  if (check) check->raise_if_due();  // debug eager: the op itself raises
 }
 
 // ---------------------------------------------------------------- fused
@@ -243,7 +252,11 @@ std::string build_trace(const Pending& p, const std::vector<int>& targets) {
     if (arg_index[id] >= 0) b.alias(arg_index[id], static_cast<int>(results.size()));
     results.push_back(value_of[id]);
   }
-  if (!p.checks.empty()) results.push_back(b.error_status());  // last result
+  if (!p.checks.empty()) {  // the device's status: last argument, donated to the last result
+    Value status = b.arg(Type{shlo::ElemType::S32, {2}});
+    b.alias(b.num_args() - 1, static_cast<int>(results.size()));
+    results.push_back(b.fold_status(status));
+  }
   return b.module(results);
 }
 
@@ -292,13 +305,19 @@ void flush_locked(Pending& p) {
   std::vector<PJRT_Buffer*> raw;
   raw.reserve(bufs.size());
   for (const auto& bptr : bufs) raw.push_back(bptr->raw());
+  std::optional<CheckedLaunch> check;
+  if (!checks.empty()) {
+    check.emplace(device);
+    raw.push_back(check->status_arg());
+  }
   auto outs = Executor::get().launch(*program->exe, device, raw, {}, "fused graph");
+  if (check) check->done(outs.back(), std::move(checks));
   for (size_t i = 0; i < target_states.size(); ++i) {
     std::lock_guard<std::mutex> lock(target_states[i]->mu);
     target_states[i]->buffer = outs[i];
     target_states[i]->elem = elems[i];
   }
-  if (!checks.empty()) add_error_status(outs.back(), std::move(checks));
+  if (check) check->raise_if_due();
 }
 
 void fused_record(const Call& call) {
@@ -348,7 +367,7 @@ void fused_record(const Call& call) {
   }
   if (plan.entry->checked && device_checks()) {  // part of the trace key: one more result
     p.key += 'C';
-    for (CheckSource& cs : check_sources({0}, plan.what)) p.checks.push_back(std::move(cs));
+    p.checks.push_back({0, plan.what, capture_site()});
   }
   p.key += ';';
   op.plan = call.plan;

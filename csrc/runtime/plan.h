@@ -77,6 +77,7 @@ struct Plan {
   std::string what;            // "aten::name.overload", for logs and errors
   shlo::ElemType common = shlo::ElemType::F32;
   bool flattened = false;  // pointwise over contiguous operands: keyed by element count
+  shlo::Precision precision = shlo::Precision::Highest;  // of its contractions (part of the key)
   std::vector<Slot> slots;
   std::vector<HostOperand> host;  // types (values are the Call's)
   std::vector<ArgPlan> args;

@@ -324,6 +324,17 @@ Value Builder::error_status() {
   return s;
 }
 
+Value Builder::fold_status(Value status) {
+  Value passed = reshape(slice(status, {0}, {1}), {});
+  Value code_in = reshape(slice(status, {1}, {2}), {});
+  Value zero = constant_i(0, ElemType::S32);
+  // The first failure sticks, and the passed count stops there: it then indexes the failed launch.
+  Value code = select(compare(Cmp::NE, code_in, zero), code_in, error_status());
+  Value ok = compare(Cmp::EQ, code, zero);
+  passed = add(passed, select(ok, constant_i(1, ElemType::S32), zero));
+  return concatenate({reshape(passed, {1}), reshape(code, {1})}, 0);
+}
+
 Value Builder::clamp(Value lo, Value x, Value hi) { return op("clamp", {lo, x, hi}, x.type); }
 
 Value Builder::convert(Value x, ElemType to) {
@@ -445,6 +456,20 @@ Value Builder::reverse(Value x, const std::vector<int64_t>& dims) {
 }
 
 // ------------------------------------------------------------------ contractions, reductions
+const char* precision_name(Precision p) {
+  switch (p) {
+    case Precision::Default: return "DEFAULT";
+    case Precision::High: return "HIGH";
+    case Precision::Highest: return "HIGHEST";
+  }
+  return "HIGHEST";
+}
+
+std::string Builder::precision_config() const {
+  const std::string one = std::string("#stablehlo<precision ") + precision_name(precision_) + ">";
+  return "precision_config = [" + one + ", " + one + "]";
+}
+
 Value Builder::dot_general(Value a, Value b, const std::vector<int64_t>& lb,
                            const std::vector<int64_t>& rb, const std::vector<int64_t>& lc,
                            const std::vector<int64_t>& rc, ElemType result) {
@@ -464,7 +489,7 @@ Value Builder::dot_general(Value a, Value b, const std::vector<int64_t>& lb,
   return op("dot_general", {a, b}, Type{result, s},
             "dot_dimension_numbers = #stablehlo.dot<lhs_batching_dimensions = [" + ints(lb) +
                 "], rhs_batching_dimensions = [" + ints(rb) + "], lhs_contracting_dimensions = [" +
-                ints(lc) + "], rhs_contracting_dimensions = [" + ints(rc) + "]>");
+                ints(lc) + "], rhs_contracting_dimensions = [" + ints(rc) + "]>, " + precision_config());
 }
 
 std::vector<Value> Builder::reduce_multi(

@@ -38,6 +38,11 @@ struct Value {
   std::string name() const { return "%v" + std::to_string(id); }
 };
 
+// Precision of dot_general / convolution operands (StableHLO precision_config): DEFAULT lets
+// the backend pick its fastest (bf16 passes on TPU), HIGH ~ bf16x3, HIGHEST = full float32.
+enum class Precision : uint8_t { Default, High, Highest };
+const char* precision_name(Precision p);
+
 // Comparison direction names as StableHLO spells them.
 enum class Cmp { EQ, NE, LT, LE, GT, GE };
 
@@ -120,6 +125,12 @@ class Builder {
   Value reverse(Value x, const std::vector<int64_t>& dims);
 
   // ---- contractions, reductions
+  // The precision the next contractions carry (set per op from torch.tpu.precision /
+  // torch.set_float32_matmul_precision when the op was planned).
+  void set_precision(Precision p) { precision_ = p; }
+  Precision precision() const { return precision_; }
+  // "precision_config = [...]" for a two-operand contraction at the current precision.
+  std::string precision_config() const;
   Value dot_general(Value a, Value b, const std::vector<int64_t>& lhs_batch,
                     const std::vector<int64_t>& rhs_batch, const std::vector<int64_t>& lhs_contract,
                     const std::vector<int64_t>& rhs_contract, ElemType result);
@@ -156,14 +167,16 @@ class Builder {
   std::pair<Value, Value> rng_bits(Value state, const Type& bits_type);
 
   // Device-side error checks. While checking() is on, lowerings record (bad predicate, code)
-  // pairs; the runtime turns them into one extra i32 result (error_status: 0 = fine, else the
-  // largest failing code), so no host sync is needed per op.
+  // pairs; error_status() folds them into one i32 (0 = fine, else the largest failing code), and
+  // fold_status() adds that to the device's status s32[2] = {checked launches that passed, first
+  // failure's code} (runtime/device_checks.h), so no host sync is needed per op.
   void set_checking(bool on) { checking_ = on; }
   bool checking() const { return checking_; }
   void add_error(Value bad, int32_t code);  // `bad`: pred of any shape (any element set = error)
   bool has_errors() const { return !errors_.empty(); }
   const std::vector<int32_t>& error_codes() const { return error_codes_; }
   Value error_status();
+  Value fold_status(Value status);  // status: s32[2]; returns the updated status
   static std::string ints(const std::vector<int64_t>& v);  // "1, 2, 3"
   static std::string dense_array(const std::vector<int64_t>& v);  // "array<i64: 1, 2>"
 
@@ -176,6 +189,7 @@ class Builder {
   std::vector<std::string> bodies_{std::string()};
   int next_id_ = 0;
   bool checking_ = false;
+  Precision precision_ = Precision::Highest;
   std::vector<Value> errors_;  // i32 scalars: code or 0
   std::vector<int32_t> error_codes_;
 };

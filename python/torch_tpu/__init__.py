@@ -134,6 +134,9 @@ def cache_stats() -> dict[str, Any]:
 
 def reset_cache_stats() -> None:
     _C._reset_cache_stats()
+    dynamic = sys.modules.get("torch_tpu._internal.dynamic_shapes")
+    if dynamic is not None:  # explain()'s bucket list restarts with the compile log
+        dynamic.BUCKETS.clear()
 
 
 def fallback_stats() -> dict[str, int]:
@@ -162,8 +165,13 @@ def compile_stats() -> dict[str, Any]:
     """What the torch.compile backend did: FX graphs received, XLA programs built, graphs split
     into compiled pieces around eager nodes (and those nodes), graphs run op by op, graphs served
     by PyTorch's AOTAutogradCache (`aot_cache_hits`), and `graph_tiers`: per program built, which
-    tier served it ({"graph", "aot": "traced" | "aot_cache", "xla": "xla_compiled" | "xla_disk" |
-    "xla_memory"})."""
+    tier served it ({"graph", "aot": "traced" | "aot_cache" | "reused", "xla": "xla_compiled" |
+    "xla_disk" | "xla_memory"}; "reused": a graph built again for another contraction precision),
+    and `dynamic`: per program built for a graph with symbolic sizes, the bucket it serves
+    ({"graph", "kind": "padded" | "exact", "bucket": {symbol: size}, "reason", "program"};
+    docs/compile.md, "Bounded dynamic shapes")."""
     from torch_tpu._internal import compile as tpu_compile
+    from torch_tpu._internal import dynamic_shapes
 
-    return {**tpu_compile.STATS, "graph_tiers": [dict(t) for t in tpu_compile.GRAPH_TIERS]}
+    return {**tpu_compile.STATS, "graph_tiers": [dict(t) for t in tpu_compile.GRAPH_TIERS],
+            "dynamic": [dict(b) for b in dynamic_shapes.BUCKETS]}

@@ -11,6 +11,7 @@ from typing import Any
 import torch
 
 from torch_tpu import _C, compiler, optimizers  # noqa: F401 (torch.tpu.compiler, torch.tpu.optimizers)
+from torch_tpu.precision import Precision, get_precision, precision  # noqa: F401 (torch.tpu.precision)
 
 _initialized = False
 _DeviceLike = int | str | torch.device | None

@@ -26,7 +26,7 @@ import torch
 import torch.fx
 
 from torch_tpu import _C
-from torch_tpu._internal import compile_meta, xla_options
+from torch_tpu._internal import compile_meta, dynamic_shapes, xla_options
 
 _DTYPE_INDEX = {
     torch.uint8: 0, torch.int8: 1, torch.int16: 2, torch.int32: 3, torch.int64: 4, torch.float16: 5,
@@ -332,8 +332,9 @@ _graph_counter = [0]
 # What the backend did with each FX graph it was given (tests and compile_stats() read these).
 STATS = {"graphs": 0, "programs": 0, "partitioned_graphs": 0, "eager_nodes": 0, "eager_graphs": 0,
          "aot_cache_hits": 0}
-# One entry per program built: {"graph", "aot": "traced" | "aot_cache", "xla": "xla_compiled" |
-# "xla_disk" | "xla_memory"}: which tier of each cache served it.
+# One entry per program built: {"graph", "aot": "traced" | "aot_cache" | "reused" (another
+# precision's program of a graph already here), "xla": "xla_compiled" | "xla_disk" |
+# "xla_memory"}: which tier of each cache served it.
 GRAPH_TIERS: list[dict[str, str]] = []
 _AOT_TIER = ["traced"]  # "aot_cache" while a cached AOTAutograd entry rebuilds its programs
 
@@ -361,11 +362,13 @@ def _tpu_device(example_inputs: Sequence[Any]) -> torch.device:
 class _Program:
     """One FX graph built as one program: call(args) -> outputs in the graph's output order."""
 
-    def __init__(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any], xla: bytes = b"") -> None:
+    def __init__(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any], xla: bytes = b"",
+                 name: str | None = None) -> None:
         _graph_counter[0] += 1
-        describer = _Describer(gm, f"graph{_graph_counter[0]}")
+        describer = _Describer(gm, name or f"graph{_graph_counter[0]}")
         desc, self.spec, constants = describer.describe()
         desc["compile_options"] = xla
+        desc["precision"] = _C._matmul_precision()
         for i, (base, *_rest) in enumerate(desc["nodes"]):
             if not _has_lowering(base):
                 raise Unsupported(f"no lowering for aten::{base}", describer.node_of[i])
@@ -379,6 +382,7 @@ class _Program:
         # What a warm start needs to rebuild this program in another process (TpuOutputCode).
         self.desc, self.cpu_consts = desc, constants
         self.consts = [c.to(_tpu_device(example_inputs)) for c in constants]
+        self.gids = {desc["precision"]: self.gid}
 
     @classmethod
     def rebuild(cls, desc: dict[str, Any], spec: list, constants: list[torch.Tensor],
@@ -386,16 +390,31 @@ class _Program:
         """The program a cached description stands for (its XLA executable comes from the
         runtime's compile cache when TORCH_TPU_CACHE_DIR holds it)."""
         self = cls.__new__(cls)
+        desc = {**desc, "precision": _C._matmul_precision()}
         self.gid = _build(desc)
+        self.gids = {desc["precision"]: self.gid}
         self.spec, self.desc, self.cpu_consts = spec, desc, constants
         self.consts = [c.to(device) for c in constants]
         return self
 
+    def _program_for(self, precision: int) -> int:
+        """The program for another contraction precision (torch.tpu.precision changed since the
+        build): built on first use, then kept."""
+        if precision not in self.gids:
+            _AOT_TIER[0] = "reused"  # the same traced graph, built for another precision
+            try:
+                self.gids[precision] = _build({**self.desc, "precision": precision})
+            finally:
+                _AOT_TIER[0] = "traced"
+        return self.gids[precision]
+
     def __call__(self, args: Sequence[Any]) -> list[Any]:
+        precision = _C._matmul_precision()
+        gid = self.gid if precision == self.desc["precision"] else self._program_for(precision)
         tensors = [a if isinstance(a, torch.Tensor) else torch.tensor(
             a, dtype=torch.float64 if isinstance(a, float) else torch.int64) for a in args]
         tensors.extend(self.consts)
-        outs = torch.ops.torch_tpu.run_graph(self.gid, tensors)
+        outs = torch.ops.torch_tpu.run_graph(gid, tensors)
         result = []
         for kind, v in self.spec:
             if kind == "out":
@@ -518,6 +537,10 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any],
 
     STATS["graphs"] += 1
     xla = xla_options.encode({**(options or {}), **xla_options.current()})
+    if dynamic_shapes.is_dynamic(gm):  # symbolic sizes: bucketed programs (dynamic_shapes.py)
+        _graph_counter[0] += 1
+        return TpuOutputCode(dynamic_shapes.DynamicGraph(
+            gm, example_inputs, lambda g, ins, name: _Program(g, ins, xla, name), f"graph{_graph_counter[0]}", xla))
     try:
         program = _Program(gm, example_inputs, xla)
     except Unsupported as e:

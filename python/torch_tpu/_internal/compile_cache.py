@@ -3,15 +3,19 @@
 AOTAutograd caches a backend's result on disk (under TORCHINDUCTOR_CACHE_DIR/aotautograd) when
 the backend's compilers are SerializableAOTDispatchCompilers returning an OutputCode and the
 bundled cache is on. Our OutputCode pickles what rebuilds the program in another process: the
-graph description (plain values), the output spec and the constants. Rebuilding lowers the
-description again and finds the XLA executable in the runtime's compile cache
-(TORCH_TPU_CACHE_DIR), so a warm process skips AOTAutograd tracing, partitioning and XLA.
+graph description (plain values), the output spec and the constants, as one bytes blob.
+Rebuilding lowers the description again and finds the XLA executable in the runtime's compile
+cache (TORCH_TPU_CACHE_DIR), so a warm process skips AOTAutograd tracing, partitioning and XLA.
 """
 
 from __future__ import annotations
 
 import contextlib
+import copy
+import hashlib
+import pickle
 from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -21,17 +25,62 @@ from torch._inductor.output_code import OutputCode
 # of the AOTAutograd key (the traced graph does not depend on them), so a cached description is
 # rebuilt with the options in force when it is loaded.
 _XLA: list[bytes] = [b""]
+_TAG: list[str] = []
+_SAVE_AT_EXIT: list[bool] = []
+
+
+def _save_dynamo_packages() -> None:
+    """At exit: writes the Dynamo packages of the frames compiled in this process (what
+    torch.compiler.save_cache_artifacts() writes under caching precompile), so the next process
+    finds them without the user calling it."""
+    try:
+        from torch._dynamo.precompile_context import PrecompileContext
+
+        PrecompileContext.save_to_dynamo_cache()
+    except Exception as e:  # noqa: BLE001 - a cache write must never fail the exit
+        import warnings
+
+        warnings.warn(f"torch_tpu: could not save Dynamo's precompile cache at exit: {e}", stacklevel=1)
+
+
+def backend_tag() -> str:
+    """What in torch_tpu decides the traced graphs: the set of lowered ops (which decides the
+    decomposition table) and the sources that trace and describe graphs. Folded into
+    AOTAutograd's key (torch.compiler.config.cache_key_tag), so a torch_tpu upgrade never
+    reuses a graph traced with another table."""
+    if not _TAG:
+        from torch_tpu import _C
+
+        h = hashlib.sha256()
+        h.update("\n".join(sorted(_C._lowered_ops())).encode())
+        here = Path(__file__).parent
+        for name in ("compile.py", "compile_meta.py", "compile_cache.py"):
+            h.update((here / name).read_bytes())
+        _TAG.append("torch_tpu-" + h.hexdigest()[:16])
+    return _TAG[0]
 
 
 @contextlib.contextmanager
 def aot_cache(xla: bytes) -> Iterator[None]:
-    """Turns on AOTAutograd's bundled cache (entries hold our OutputCode) while the tpu backend
-    compiles with XLA options `xla`."""
+    """While the tpu backend compiles with XLA options `xla`: AOTAutograd's bundled cache on
+    (entries hold our OutputCode), the backward compiled with the forward (AOTAutograd saves a
+    training entry when the backward is compiled; lazily that would be at the first
+    `backward()`, outside this block, and nothing would be saved), and the key tagged with
+    backend_tag()."""
     import torch._functorch.config as functorch_config
+    import torch.compiler.config as compiler_config
 
+    if torch._dynamo.config.caching_precompile and not _SAVE_AT_EXIT:
+        import atexit
+
+        _SAVE_AT_EXIT.append(True)
+        atexit.register(_save_dynamo_packages)  # runs before Dynamo's own exit hooks (LIFO)
+    user_tag = compiler_config.cache_key_tag
+    tag = backend_tag() if not user_tag else f"{user_tag}|{backend_tag()}"
     _XLA.append(xla)
     try:
-        with functorch_config.patch(bundled_autograd_cache=True):
+        with functorch_config.patch(bundled_autograd_cache=True, force_non_lazy_backward_lowering=True), \
+                compiler_config.patch(cache_key_tag=tag):
             yield
     finally:
         _XLA.pop()
@@ -47,9 +96,17 @@ class TpuOutputCode(OutputCode):
         super().__init__()
         self._boxed_call = True
         self._fn: Callable[[list[Any]], Any] | None = fn
-        self._payload: tuple[dict[str, Any], list, list[torch.Tensor]] | None = None
+        # (desc, spec, constants) while compiled here; pickled bytes once prepared for the cache
+        # (AOTAutograd deep-copies entries on save and load: bytes copy for free).
+        self._payload: tuple[dict[str, Any], list, list[torch.Tensor]] | bytes | None = None
         if isinstance(fn, _Program) and not any(node[0] == "jax_call" for node in fn.desc["nodes"]):
             self._payload = (fn.desc, fn.spec, fn.cpu_consts)
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> TpuOutputCode:
+        # The program and the payload are never mutated (only replaced), so copies share them.
+        new = copy.copy(self)
+        memo[id(self)] = new
+        return new
 
     def __call__(self, inputs: list[Any]) -> Any:
         from torch_tpu._internal.compile import _Program
@@ -67,8 +124,11 @@ class TpuOutputCode(OutputCode):
 
         if self._payload is None:
             raise BypassAOTAutogradCache("torch_tpu: graph is split, runs op by op or calls a jax_op")
-        desc, spec, consts = self._payload
-        self._payload = ({**desc, "compile_options": b""}, spec, [c.cpu() for c in consts])
+        if not isinstance(self._payload, bytes):
+            desc, spec, consts = self._payload
+            # options and precision are those in force when the entry is loaded
+            desc = {k: v for k, v in desc.items() if k not in ("compile_options", "precision")}
+            self._payload = pickle.dumps((desc, spec, [c.cpu() for c in consts]), protocol=pickle.HIGHEST_PROTOCOL)
         self._fn = None
 
     def post_compile(self, example_inputs: Sequence[Any], constants: Any, graph_kwargs: Any) -> None:
@@ -76,8 +136,8 @@ class TpuOutputCode(OutputCode):
 
         if self._fn is not None:  # compiled in this process
             return
-        assert self._payload is not None
-        desc, spec, consts = self._payload
+        assert isinstance(self._payload, bytes)
+        desc, spec, consts = pickle.loads(self._payload)  # noqa: S301 - our own cache entry
         tpu_compile._AOT_TIER[0] = "aot_cache"
         try:
             self._fn = tpu_compile._Program.rebuild({**desc, "compile_options": _XLA[-1]}, spec, consts,

@@ -23,6 +23,9 @@ class Explanation:
     fallbacks: dict[str, int] = field(default_factory=dict)
     fallback_reasons: dict[str, str] = field(default_factory=dict)
     dispatch: dict[str, int] = field(default_factory=dict)
+    # Programs built for compiled graphs with symbolic sizes: the bucket each serves
+    # (torch_tpu._internal.dynamic_shapes.BUCKETS).
+    buckets: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def recompiles(self) -> list[CompileRecord]:
@@ -39,6 +42,12 @@ class Explanation:
         ]
         for r in self.compiles:
             lines.append(f"  [{r.source:7s} {r.ms:8.1f} ms] {r.op}: {r.reason}")
+        if self.buckets:
+            lines.append("dynamic-shape programs (bucket each serves):")
+            for bk in self.buckets:
+                sizes = ", ".join(f"{k}{'<=' if bk['kind'] == 'padded' else '='}{v}" for k, v in bk["bucket"].items())
+                why = f" ({bk['reason']})" if bk["reason"] else ""
+                lines.append(f"  {bk['graph']}: {bk['kind']} {sizes}{why}")
         if self.fallbacks:
             lines.append("CPU fallbacks:")
             for op, n in sorted(self.fallbacks.items(), key=lambda kv: -kv[1]):
@@ -49,6 +58,13 @@ class Explanation:
         return "\n".join(lines)
 
 
+def _buckets() -> list[dict[str, Any]]:
+    import sys
+
+    mod = sys.modules.get("torch_tpu._internal.dynamic_shapes")  # loaded with the compile backend
+    return [dict(b) for b in mod.BUCKETS] if mod is not None else []
+
+
 def explain(print_result: bool = True) -> Explanation:
     """Returns (and by default prints) the compile log since start or the last reset_cache_stats()."""
     e = Explanation(
@@ -57,6 +73,7 @@ def explain(print_result: bool = True) -> Explanation:
         fallbacks=dict(_C._fallback_stats()),
         fallback_reasons=dict(_C._fallback_reasons()),
         dispatch=dict(_C._dispatch_stats()),
+        buckets=_buckets(),
     )
     if print_result:
         print(e)

@@ -24,10 +24,8 @@ def custom_jax_kernel(name: str, fn: Callable[..., Any] | None = None, /, **kwar
 
 def get_pallas_mesh(axis_names: Sequence[str], mesh_shape: Sequence[int] | None = None,
                     process_group: Any = None) -> Any:
-    """A JAX mesh over the chips of the multi-chip process group, for jax_op(mesh=...)."""
-    import torch.distributed as dist
+    """A JAX mesh whose position i is rank i of the process group (one chip per process), for
+    jax_op(mesh=...) and jax.shard_map inside jax_op functions; see torch_tpu/pallas/_sharded.py."""
+    from torch_tpu.pallas._sharded import get_pallas_mesh as impl
 
-    if process_group is None and not (dist.is_available() and dist.is_initialized()):
-        raise RuntimeError("get_pallas_mesh needs the multi-chip process group (torch.distributed initialised "
-                           "with backend 'tpu_dist'); none is initialised")
-    raise NotImplementedError("sharded Pallas meshes are not supported yet: run jax_op kernels per chip")
+    return impl(axis_names, mesh_shape, process_group)

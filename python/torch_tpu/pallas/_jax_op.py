@@ -75,14 +75,16 @@ def _n_outputs(op: str, ann: Any, jax: Any) -> int | None:
 
 
 class JaxOp:
-    def __init__(self, name: str, fn: Callable[..., Any], donate_argnums: Sequence[int]) -> None:
+    def __init__(self, name: str, fn: Callable[..., Any], donate_argnums: Sequence[int], mesh: Any = None,
+                 input_partition_specs: Any = None, output_partition_specs: Any = None) -> None:
         jax = _foreign.require_jax(f"jax_op {name}")
         if "::" not in name:
             raise ValueError(f"jax_op: name {name!r} must be 'namespace::name'")
         self.name = name
         self.fn = fn
         try:
-            sig = inspect.signature(fn, eval_str=True)
+            # string annotations (from __future__ import annotations) may name a jax imported locally
+            sig = inspect.signature(fn, eval_str=True, locals={"jax": jax, "typing": typing})
         except (NameError, TypeError) as e:
             raise TypeError(f"jax_op {name}: cannot read the annotations of {fn!r}: {e}") from e
         self.params: list[_Param] = []
@@ -112,6 +114,13 @@ class JaxOp:
             args.append(f"{p.schema} {p.name}{d}")
         rets = "Tensor" if self.n_out is None else "(" + ", ".join(["Tensor"] * self.n_out) + ")"
         self.schema = f"({', '.join(args)}) -> {rets}"
+        self.sharding: Any = None
+        if mesh is not None or input_partition_specs is not None or output_partition_specs is not None:
+            from torch_tpu.pallas._sharded import Sharding
+
+            self.sharding = Sharding(name, mesh, input_partition_specs, output_partition_specs,
+                                     sum(p.tensor for p in self.params), self.n_out)
+            self.sharding.coords()  # a mesh over several chips without the process group fails here
         self._kernels: dict[Any, _foreign.Kernel] = {}
         self._platform: str | None = None
         self.op = torch.library.custom_op(name, self._impl, mutates_args=(), device_types="tpu",
@@ -189,6 +198,8 @@ class JaxOp:
 
         platform = self.platform()
         try:
+            if self.sharding is not None:  # this rank's computation on its shards
+                flat = self.sharding.local_fn(jax, flat, avals, n_out is None)
             lowered = _lower_for(jax, flat, avals, platform)
         except (jax.errors.ConcretizationTypeError, jax.errors.NonConcreteBooleanIndexError,
                 jax.errors.TracerBoolConversionError, jax.errors.TracerIntegerConversionError) as e:
@@ -309,15 +320,16 @@ def _vjp_op(op: JaxOp) -> Any:
     # The gradient count (the op's return arity) depends on which inputs are floating point:
     # _VjpCaller creates one backward op per count, at the first backward.
     ns, base = op.name.split("::")
-    return _VjpCaller(ns, f"{base}_vjp", wrapper, sig_params, jax)
+    return _VjpCaller(ns, f"{base}_vjp", wrapper, sig_params, jax, op.sharding)
 
 
 class _VjpCaller:
     """Creates the backward op lazily per number of float inputs (its return arity)."""
 
     def __init__(self, ns: str, base: str, wrapper: Callable[..., Any], params: list[inspect.Parameter],
-                 jax: Any) -> None:
+                 jax: Any, sharding: Any = None) -> None:
         self.ns, self.base, self.wrapper, self.params, self.jax = ns, base, wrapper, params, jax
+        self.sharding = sharding
         self.ops: dict[int, Any] = {}
 
     def __call__(self, *args: Any) -> Any:
@@ -331,7 +343,15 @@ class _VjpCaller:
 
             ret = self.jax.Array if n_float == 1 else tuple[(self.jax.Array,) * n_float]  # type: ignore[misc]
             w.__signature__ = inspect.Signature(self.params, return_annotation=ret)  # type: ignore[attr-defined]
-            self.ops[n_float] = jax_op(f"{self.ns}::{self.base}{n_float}", w)
+            kw: dict[str, Any] = {}
+            sh = self.sharding
+            if sh is not None:  # per-shard gradients: primals and cotangents sharded like the forward's
+                tensors = [a for a in args if isinstance(a, torch.Tensor)]
+                n_in = len(sh.in_specs)
+                floats = [sh.in_specs[i] for i in range(n_in) if tensors[i].is_floating_point()]
+                kw = dict(mesh=sh.mesh, input_partition_specs=sh.in_specs + sh.out_specs,
+                          output_partition_specs=floats[0] if n_float == 1 else tuple(floats))
+            self.ops[n_float] = jax_op(f"{self.ns}::{self.base}{n_float}", w, **kw)
         return self.ops[n_float](*args)
 
 
@@ -373,16 +393,25 @@ def _call_donating(op: JaxOp, tensors: list[torch.Tensor], k: _foreign.Kernel) -
     return outs
 
 
+# Off TPU, Pallas TPU kernels are traced as for this chip: kernels that size their tiles from
+# pltpu.get_tpu_info() (Tokamax's) read it from the abstract device instead of failing on "cpu".
+_INTERPRET_AS_TPU = "TPU v5 lite"
+
+
 def _lower_for(jax: Any, fn: Callable[..., Any], avals: Sequence[Any], platform: str) -> Any:
     """Lowers for the device's platform; off TPU, Pallas kernels are traced in interpret mode
     (plain StableHLO) - the flag is read when pallas_call is traced."""
     if platform == "tpu":
-        return jax.jit(fn).trace(*avals).lower(lowering_platforms=("tpu",))
+        return jax.jit(fn, keep_unused=True).trace(*avals).lower(lowering_platforms=("tpu",))
     from jax._src import config
+    from jax._src.mesh import AbstractDevice
 
+    tpu = AbstractDevice(device_kind=_INTERPRET_AS_TPU, num_cores=1, platform="tpu")
     prev = config.pallas_tpu_interpret_mode_context_manager.swap_local(True)
     try:
-        return jax.jit(fn).trace(*avals).lower(lowering_platforms=("cpu",))
+        with jax.sharding.use_abstract_mesh(jax.sharding.AbstractMesh((1,), ("_tpu",), abstract_device=tpu)):
+            traced = jax.jit(fn, keep_unused=True).trace(*avals)
+        return traced.lower(lowering_platforms=("cpu",))
     finally:
         config.pallas_tpu_interpret_mode_context_manager.set_local(prev)
 
@@ -394,22 +423,11 @@ def jax_op(name: str, fn: Callable[..., Any] | None = None, /, *, donate_argnums
     Usable as a decorator (`@jax_op("mylib::add")`). Parameters annotated `jax.Array` are tensors;
     the others (int, float, bool, str, list[int], ...) are static: each value lowers its own kernel.
     Returns the `torch.library.custom_op` (call it like a function; `register_autograd` overrides
-    the default backward, which is derived with `jax.vjp`)."""
+    the default backward, which is derived with `jax.vjp`). With `mesh=` (get_pallas_mesh) and
+    partition specs, each rank of the process group runs `fn` on its own shards, as the body of a
+    jax.shard_map (see torch_tpu/pallas/_sharded.py)."""
     if fn is None:
         return lambda f: jax_op(name, f, donate_argnums=donate_argnums, mesh=mesh,
                                 input_partition_specs=input_partition_specs,
                                 output_partition_specs=output_partition_specs)
-    if mesh is not None or input_partition_specs is not None or output_partition_specs is not None:
-        _require_process_group(name)
-    return JaxOp(name, fn, donate_argnums).op
-
-
-def _require_process_group(name: str) -> None:
-    import torch.distributed as dist
-
-    if not (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
-        raise RuntimeError(f"jax_op {name}: mesh / partition specs need the multi-chip process group "
-                           "(torch.distributed initialised with backend 'tpu_dist' and world size > 1); "
-                           "none is initialised. Drop mesh= to run on one chip.")
-    raise NotImplementedError(f"jax_op {name}: sharded (mesh=) jax_op kernels are not supported yet; "
-                              "call the kernel per shard without mesh=")
+    return JaxOp(name, fn, donate_argnums, mesh, input_partition_specs, output_partition_specs).op
