@@ -9,7 +9,6 @@
 #include <numeric>
 
 #include "lowering.h"
-#include "shape_util.h"
 
 namespace tpu::lowering {
 namespace {
@@ -593,31 +592,6 @@ TPU_LOWER_CHECKED(embedding) {
   if (o.numel() == 0) return {b.zeros(o)};
   if (weight.rank() < 1) throw Unsupported("embedding: 0-d weight");
   return {b.reshape(take_rows(b, weight, indices, {false, CheckKind::Index, "index out of range in self"}), o.shape)};
-}
-
-// ------------------------------------------------------------------ embedding backward
-TPU_LOWER(embedding_dense_backward) {
-  const Type& o = out_type(c);
-  ElemType t = opmath(o.elem);
-  Value grad = b.convert(c.tensor("grad_output"), t);
-  Value idx0 = c.tensor("indices");
-  int64_t num_weights = c.int_("num_weights");
-  int64_t padding_idx = c.int_("padding_idx");
-  int64_t K = idx0.type.numel();
-  int64_t D = o.shape.size() == 2 ? o.shape[1] : 1;
-  Value idx = b.reshape(b.convert(idx0, ElemType::S64), {K});
-  Value g = b.reshape(grad, {K, D});
-  Value keep = b.compare(Cmp::NE, idx, b.constant_i(padding_idx, ElemType::S64, {K}));
-  g = b.select(b.broadcast_in_dim(keep, {K, D}, {0}), g, b.zeros(Type{t, {K, D}}));
-  Value idx2 = b.reshape(idx, {K, 1});
-  if (c.bool_("scale_grad_by_freq")) {
-    Value counts = b.scatter(b.zeros(Type{t, {num_weights}}), idx2, b.constant_f(1.0, t, {K}), {}, {0}, {0},
-                             1, "add");
-    Value per = b.gather(counts, idx2, {}, {0}, {0}, 1, {1}, {K});
-    g = b.div(g, b.broadcast_in_dim(per, {K, D}, {0}));
-  }
-  Value out = b.scatter(b.zeros(Type{t, {num_weights, D}}), idx2, g, {1}, {0}, {0}, 1, "add");
-  return {reshape_to_output(b, out, o)};
 }
 
 }  // namespace tpu::lowering

@@ -1,7 +1,10 @@
-// Loss lowerings: nll_loss / nll_loss2d (forward, checked, + backward), mse_loss, huber and
-// smooth_l1 (+ backward), binary_cross_entropy_backward. Math in opmath (f16/bf16 -> f32); the
-// runtime converts results to the output dtypes PyTorch's meta functions chose.
-#include <algorithm>
+// Losses: nll_loss (1d/2d, forward + backward, device-checked targets), mse_loss, huber /
+// smooth_l1 (+ backward), binary_cross_entropy_backward.
+//
+// All math runs in opmath (f16/bf16 -> f32); the runtime converts results to the output dtypes
+// PyTorch's meta functions chose.
+#include <cmath>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -9,21 +12,6 @@
 #include "shape_util.h"
 
 namespace tpu::lowering {
-namespace {
-
-// NumPy broadcast of two shapes.
-Shape bcast_shape(const Shape& a, const Shape& b2) {
-  size_t n = std::max(a.size(), b2.size());
-  Shape r(n, 1);
-  for (size_t i = 0; i < n; ++i) {
-    int64_t da = i < n - a.size() ? 1 : a[i - (n - a.size())];
-    int64_t db = i < n - b2.size() ? 1 : b2[i - (n - b2.size())];
-    r[i] = da == 1 ? db : da;
-  }
-  return r;
-}
-
-}  // namespace
 
 // ------------------------------------------------------------------ nll_loss
 namespace {
@@ -88,11 +76,11 @@ static std::vector<Value> lower_nll_forward(Builder& b, const OpCall& c) {
   Value loss = b.neg(b.mul(picked, L.wt));
   int64_t red = c.int_("reduction");
   auto bd = all_dims(static_cast<int64_t>(L.batch.size()));
-  Value total = sum_over(b, L.wt, bd);
-  if (red == 0) return {reshape_to_output(b, loss, o), b.constant_i(0, t)};
-  Value s = sum_over(b, loss, bd);
+  Value total = sum_drop(b, L.wt, bd);
+  if (red == 0) return {fit(b, loss, o), b.constant_i(0, t)};
+  Value s = sum_drop(b, loss, bd);
   if (red == 1) s = b.div(s, total);
-  return {reshape_to_output(b, s, o), reshape_to_output(b, total, out_type(c, 1))};
+  return {fit(b, s, o), fit(b, total, out_type(c, 1))};
 }
 
 static std::vector<Value> lower_nll_backward(Builder& b, const OpCall& c) {
@@ -119,7 +107,7 @@ static std::vector<Value> lower_nll_backward(Builder& b, const OpCall& c) {
   std::vector<int64_t> inv{0, last};
   for (int64_t i = 1; i < last; ++i) inv.push_back(i);
   gi = b.transpose(gi, inv);
-  return {reshape_to_output(b, gi, o)};
+  return {fit(b, gi, o)};
 }
 
 TPU_LOWER_CHECKED(nll_loss_forward) { return lower_nll_forward(b, c); }
@@ -131,9 +119,9 @@ TPU_LOWER(nll_loss2d_backward) { return lower_nll_backward(b, c); }
 // PyTorch's loss reduction: 0 none, 1 mean, 2 sum (over every element of the pointwise loss).
 Value reduce_loss(Builder& b, Value l, int64_t reduction, const Type& o) {
   if (reduction == 0) return l;
-  Value r = sum_over(b, l, all_dims(l.rank()));
+  Value r = sum_drop(b, l, all_dims(l.rank()));
   if (reduction == 1) r = b.div(r, b.constant_f(static_cast<double>(l.type.numel()), l.elem()));
-  return reshape_to_output(b, r, o);
+  return fit(b, r, o);
 }
 
 TPU_LOWER(mse_loss) {
@@ -155,6 +143,10 @@ TPU_LOWER(mse_loss_backward) {
   Value g = operand(b, c.arg("grad_output"), t, o.shape);
   return {b.mul(b.mul(b.constant_f(norm, t, o.shape), d), g)};
 }
+
+}  // namespace tpu::lowering
+
+namespace tpu::lowering {
 
 // ------------------------------------------------------------------ huber / smooth_l1
 namespace {

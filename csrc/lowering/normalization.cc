@@ -1,5 +1,5 @@
-// Normalization lowerings: softmax / log_softmax (+ backward), layer norm (+ backward), group
-// norm (+ backward), fused RMS norm (+ backward). Losses are in losses.cc.
+// Normalizations: softmax / log_softmax (+ backward), layer norm (+ backward), group norm
+// (+ backward), fused RMS norm (+ backward); and embedding_dense_backward.
 //
 // All math runs in opmath (f16/bf16 -> f32); the runtime converts results to the output dtypes
 // PyTorch's meta functions chose.
@@ -13,17 +13,39 @@
 
 namespace tpu::lowering {
 namespace {
+
+Shape keep_shape(const Shape& s, const std::vector<int64_t>& dims) {
+  Shape r = s;
+  for (int64_t d : dims) r[d] = 1;
+  return r;
+}
+
+Shape drop_shape(const Shape& s, const std::vector<int64_t>& dims) {
+  Shape r;
+  for (int64_t i = 0; i < static_cast<int64_t>(s.size()); ++i)
+    if (!contains(dims, i)) r.push_back(s[i]);
+  return r;
+}
+
+int64_t numel_of(const Shape& s, const std::vector<int64_t>& dims) {
+  int64_t n = 1;
+  for (int64_t d : dims) n *= s[d];
+  return n;
+}
+
 // Sum over dims, result broadcast back to x's shape (keepdim + expand).
 Value sum_keep(Builder& b, Value x, const std::vector<int64_t>& dims) {
   if (dims.empty()) return x;
   Value r = b.reduce(x, b.constant_i(0, x.elem()), dims, "add");
-  return b.broadcast_to(b.reshape(r, reduced_shape(x.shape(), dims, true)), x.shape());
+  return b.broadcast_to(b.reshape(r, keep_shape(x.shape(), dims)), x.shape());
 }
 Value max_keep(Builder& b, Value x, const std::vector<int64_t>& dims) {
   if (dims.empty()) return x;
   Value r = b.reduce(x, b.lowest(x.elem()), dims, "maximum");
-  return b.broadcast_to(b.reshape(r, reduced_shape(x.shape(), dims, true)), x.shape());
+  return b.broadcast_to(b.reshape(r, keep_shape(x.shape(), dims)), x.shape());
 }
+
+Value const_f(Builder& b, double v, ElemType t, const Shape& s) { return b.constant_f(v, t, s); }
 
 // A value of shape `s` taking `v`'s elements (any layout with the same count, e.g. mean/rstd
 // as [M] or [M,1,1]) and broadcasting along the trailing normalized dims.
@@ -99,20 +121,20 @@ TPU_LOWER(native_layer_norm) {
   int64_t axis = x.rank() - static_cast<int64_t>(c.ints("normalized_shape").size());
   std::vector<int64_t> dims;
   for (int64_t i = axis; i < x.rank(); ++i) dims.push_back(i);
-  int64_t n = reduced_numel(s, dims);
+  int64_t n = numel_of(s, dims);
   double eps = c.double_("eps");
-  Value mean = b.div(sum_keep(b, x, dims), b.constant_f(static_cast<double>(n), t, s));
+  Value mean = b.div(sum_keep(b, x, dims), const_f(b, static_cast<double>(n), t, s));
   Value d = b.sub(x, mean);
-  Value var = b.div(sum_keep(b, b.mul(d, d), dims), b.constant_f(static_cast<double>(n), t, s));
-  Value rstd = b.rsqrt(b.add(var, b.constant_f(eps, t, s)));
+  Value var = b.div(sum_keep(b, b.mul(d, d), dims), const_f(b, static_cast<double>(n), t, s));
+  Value rstd = b.rsqrt(b.add(var, const_f(b, eps, t, s)));
   Value y = b.mul(d, rstd);
   if (c.has("weight")) y = b.mul(y, b.broadcast_to(b.convert(c.tensor("weight"), t), s));
   if (c.has("bias")) y = b.add(y, b.broadcast_to(b.convert(c.tensor("bias"), t), s));
   // mean / rstd in the [batch..., 1...] layout.
-  Shape start(s.size(), 0), limit = reduced_shape(s, dims, true);
+  Shape start(s.size(), 0), limit = keep_shape(s, dims);
   Value m1 = b.slice(mean, start, limit);
   Value r1 = b.slice(rstd, start, limit);
-  return {y, reshape_to_output(b, m1, out_type(c, 1)), reshape_to_output(b, r1, out_type(c, 2))};
+  return {y, fit(b, m1, out_type(c, 1)), fit(b, r1, out_type(c, 2))};
 }
 
 TPU_LOWER(native_layer_norm_backward) {
@@ -124,7 +146,7 @@ TPU_LOWER(native_layer_norm_backward) {
   int64_t axis = x.rank() - static_cast<int64_t>(c.ints("normalized_shape").size());
   std::vector<int64_t> inner, outer;
   for (int64_t i = 0; i < x.rank(); ++i) (i >= axis ? inner : outer).push_back(i);
-  int64_t n = reduced_numel(s, inner);
+  int64_t n = numel_of(s, inner);
   auto mask = output_mask(c, 3);
   Value mean = stat_expand(b, b.convert(c.tensor("mean"), t), s, axis);
   Value rstd = stat_expand(b, b.convert(c.tensor("rstd"), t), s, axis);
@@ -133,19 +155,19 @@ TPU_LOWER(native_layer_norm_backward) {
   if (mask[0]) {
     Value g = go;
     if (c.has("weight")) g = b.mul(g, b.broadcast_to(b.convert(c.tensor("weight"), t), s));
-    Value a = b.mul(b.constant_f(static_cast<double>(n), t, s), g);
+    Value a = b.mul(const_f(b, static_cast<double>(n), t, s), g);
     Value s1 = sum_keep(b, g, inner);
     Value s2 = b.mul(xhat, sum_keep(b, b.mul(g, xhat), inner));
-    Value scale = b.div(rstd, b.constant_f(static_cast<double>(n), t, s));
+    Value scale = b.div(rstd, const_f(b, static_cast<double>(n), t, s));
     res.push_back(b.mul(scale, b.sub(b.sub(a, s1), s2)));
   } else {
     res.push_back(undefined_out(b, c, 0));
   }
   // grad_weight / grad_bias when requested and the output has the normalized shape's size.
   auto wanted = [&](size_t i) { return mask[i] && i < c.outs.size() && c.outs[i].numel() == n; };
-  if (wanted(1)) res.push_back(reshape_to_output(b, sum_over(b, b.mul(go, xhat), outer), out_type(c, 1)));
+  if (wanted(1)) res.push_back(fit(b, sum_drop(b, b.mul(go, xhat), outer), out_type(c, 1)));
   else res.push_back(undefined_out(b, c, 1));
-  if (wanted(2)) res.push_back(reshape_to_output(b, sum_over(b, go, outer), out_type(c, 2)));
+  if (wanted(2)) res.push_back(fit(b, sum_drop(b, go, outer), out_type(c, 2)));
   else res.push_back(undefined_out(b, c, 2));
   return res;
 }
@@ -160,17 +182,17 @@ TPU_LOWER(native_group_norm) {
   double eps = c.double_("eps");
   Value x = b.reshape(b.convert(x0, t), {N, G, D});
   Shape gs{N, G, D};
-  Value mean = b.div(sum_keep(b, x, {2}), b.constant_f(static_cast<double>(D), t, gs));
+  Value mean = b.div(sum_keep(b, x, {2}), const_f(b, static_cast<double>(D), t, gs));
   Value d = b.sub(x, mean);
-  Value var = b.div(sum_keep(b, b.mul(d, d), {2}), b.constant_f(static_cast<double>(D), t, gs));
-  Value rstd = b.rsqrt(b.add(var, b.constant_f(eps, t, gs)));
+  Value var = b.div(sum_keep(b, b.mul(d, d), {2}), const_f(b, static_cast<double>(D), t, gs));
+  Value rstd = b.rsqrt(b.add(var, const_f(b, eps, t, gs)));
   Value y = b.reshape(b.mul(d, rstd), {N, C, HxW});
   Shape cs{N, C, HxW};
   if (c.has("weight")) y = b.mul(y, b.broadcast_in_dim(b.convert(c.tensor("weight"), t), cs, {1}));
   if (c.has("bias")) y = b.add(y, b.broadcast_in_dim(b.convert(c.tensor("bias"), t), cs, {1}));
   Value m1 = b.reshape(b.slice(mean, {0, 0, 0}, {N, G, 1}), {N, G});
   Value r1 = b.reshape(b.slice(rstd, {0, 0, 0}, {N, G, 1}), {N, G});
-  return {reshape_to_output(b, y, out_type(c, 0)), reshape_to_output(b, m1, out_type(c, 1)), reshape_to_output(b, r1, out_type(c, 2))};
+  return {fit(b, y, out_type(c, 0)), fit(b, m1, out_type(c, 1)), fit(b, r1, out_type(c, 2))};
 }
 
 TPU_LOWER(native_group_norm_backward) {
@@ -191,18 +213,18 @@ TPU_LOWER(native_group_norm_backward) {
     Value g = go;
     if (c.has("weight")) g = b.mul(g, b.broadcast_in_dim(b.convert(c.tensor("weight"), t), cs, {1}));
     g = b.reshape(g, gs);
-    Value a = b.mul(b.constant_f(static_cast<double>(D), t, gs), g);
+    Value a = b.mul(const_f(b, static_cast<double>(D), t, gs), g);
     Value s1 = sum_keep(b, g, {2});
     Value s2 = b.mul(xhat, sum_keep(b, b.mul(g, xhat), {2}));
-    Value scale = b.div(rstd, b.constant_f(static_cast<double>(D), t, gs));
-    res.push_back(reshape_to_output(b, b.mul(scale, b.sub(b.sub(a, s1), s2)), out_type(c, 0)));
+    Value scale = b.div(rstd, const_f(b, static_cast<double>(D), t, gs));
+    res.push_back(fit(b, b.mul(scale, b.sub(b.sub(a, s1), s2)), out_type(c, 0)));
   } else {
     res.push_back(undefined_out(b, c, 0));
   }
   Value xhat_c = b.reshape(xhat, cs);
-  if (mask[1]) res.push_back(reshape_to_output(b, sum_over(b, b.mul(go, xhat_c), {0, 2}), out_type(c, 1)));
+  if (mask[1]) res.push_back(fit(b, sum_drop(b, b.mul(go, xhat_c), {0, 2}), out_type(c, 1)));
   else res.push_back(undefined_out(b, c, 1));
-  if (mask[2]) res.push_back(reshape_to_output(b, sum_over(b, go, {0, 2}), out_type(c, 2)));
+  if (mask[2]) res.push_back(fit(b, sum_drop(b, go, {0, 2}), out_type(c, 2)));
   else res.push_back(undefined_out(b, c, 2));
   return res;
 }
@@ -216,17 +238,17 @@ TPU_LOWER(_fused_rms_norm) {
   int64_t axis = x.rank() - static_cast<int64_t>(c.ints("normalized_shape").size());
   std::vector<int64_t> dims;
   for (int64_t i = axis; i < x.rank(); ++i) dims.push_back(i);
-  int64_t n = reduced_numel(s, dims);
+  int64_t n = numel_of(s, dims);
   double eps = c.has("eps") ? c.double_("eps")
                             : (t == ElemType::F64 ? std::numeric_limits<double>::epsilon()
                                                   : std::numeric_limits<float>::epsilon());
-  Value ms = b.div(sum_keep(b, b.mul(x, x), dims), b.constant_f(static_cast<double>(n), t, s));
-  Value rstd = b.rsqrt(b.add(ms, b.constant_f(eps, t, s)));
+  Value ms = b.div(sum_keep(b, b.mul(x, x), dims), const_f(b, static_cast<double>(n), t, s));
+  Value rstd = b.rsqrt(b.add(ms, const_f(b, eps, t, s)));
   Value y = b.mul(x, rstd);
   if (c.has("weight")) y = b.mul(y, b.broadcast_to(b.convert(c.tensor("weight"), t), s));
   Shape start(s.size(), 0);
-  Value r1 = b.slice(rstd, start, reduced_shape(s, dims, true));
-  return {y, reshape_to_output(b, r1, out_type(c, 1))};
+  Value r1 = b.slice(rstd, start, keep_shape(s, dims));
+  return {y, fit(b, r1, out_type(c, 1))};
 }
 
 TPU_LOWER(_fused_rms_norm_backward) {
@@ -238,7 +260,7 @@ TPU_LOWER(_fused_rms_norm_backward) {
   int64_t axis = x.rank() - static_cast<int64_t>(c.ints("normalized_shape").size());
   std::vector<int64_t> inner, outer;
   for (int64_t i = 0; i < x.rank(); ++i) (i >= axis ? inner : outer).push_back(i);
-  int64_t n = reduced_numel(s, inner);
+  int64_t n = numel_of(s, inner);
   auto mask = output_mask(c, 2);
   Value rstd = stat_expand(b, b.convert(c.tensor("rstd"), t), s, axis);
   Value xhat = b.mul(x, rstd);
@@ -247,15 +269,40 @@ TPU_LOWER(_fused_rms_norm_backward) {
     Value g = go;
     if (c.has("weight")) g = b.mul(g, b.broadcast_to(b.convert(c.tensor("weight"), t), s));
     Value sv = sum_keep(b, b.mul(xhat, g), inner);
-    Value d = b.mul(b.sub(g, b.mul(b.div(xhat, b.constant_f(static_cast<double>(n), t, s)), sv)), rstd);
+    Value d = b.mul(b.sub(g, b.mul(b.div(xhat, const_f(b, static_cast<double>(n), t, s)), sv)), rstd);
     res.push_back(d);
   } else {
     res.push_back(undefined_out(b, c, 0));
   }
   if (mask[1] && c.outs.size() > 1 && c.outs[1].numel() == n)
-    res.push_back(reshape_to_output(b, sum_over(b, b.mul(go, xhat), outer), out_type(c, 1)));
+    res.push_back(fit(b, sum_drop(b, b.mul(go, xhat), outer), out_type(c, 1)));
   else res.push_back(undefined_out(b, c, 1));
   return res;
+}
+
+// ------------------------------------------------------------------ embedding backward
+TPU_LOWER(embedding_dense_backward) {
+  const Type& o = out_type(c);
+  ElemType t = opmath(o.elem);
+  Value grad = b.convert(c.tensor("grad_output"), t);
+  Value idx0 = c.tensor("indices");
+  int64_t num_weights = c.int_("num_weights");
+  int64_t padding_idx = c.int_("padding_idx");
+  int64_t K = idx0.type.numel();
+  int64_t D = o.shape.size() == 2 ? o.shape[1] : 1;
+  Value idx = b.reshape(b.convert(idx0, ElemType::S64), {K});
+  Value g = b.reshape(grad, {K, D});
+  Value keep = b.compare(Cmp::NE, idx, b.constant_i(padding_idx, ElemType::S64, {K}));
+  g = b.select(b.broadcast_in_dim(keep, {K, D}, {0}), g, b.zeros(Type{t, {K, D}}));
+  Value idx2 = b.reshape(idx, {K, 1});
+  if (c.bool_("scale_grad_by_freq")) {
+    Value counts = b.scatter(b.zeros(Type{t, {num_weights}}), idx2, const_f(b, 1.0, t, {K}), {}, {0}, {0},
+                             1, "add");
+    Value per = b.gather(counts, idx2, {}, {0}, {0}, 1, {1}, {K});
+    g = b.div(g, b.broadcast_in_dim(per, {K, D}, {0}));
+  }
+  Value out = b.scatter(b.zeros(Type{t, {num_weights, D}}), idx2, g, {1}, {0}, {0}, 1, "add");
+  return {fit(b, out, o)};
 }
 
 }  // namespace tpu::lowering

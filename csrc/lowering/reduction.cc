@@ -15,11 +15,31 @@
 
 namespace tpu::lowering {
 namespace {
+
+// `x`'s shape with `dims` removed (keep=false) or set to 1 (keep=true).
+Shape reduced_shape(const Shape& s, const std::vector<int64_t>& dims, bool keep) {
+  Shape r;
+  for (int64_t i = 0; i < static_cast<int64_t>(s.size()); ++i) {
+    if (!contains(dims, i)) r.push_back(s[i]);
+    else if (keep) r.push_back(1);
+  }
+  return r;
+}
+
+int64_t reduced_numel(const Shape& s, const std::vector<int64_t>& dims) {
+  int64_t n = 1;
+  for (int64_t d : dims) n *= s[d];
+  return n;
+}
+
 // A reduced value (keepdim=False layout) broadcast back against the input shape.
 Value expand_back(Builder& b, Value r, const Shape& in, const std::vector<int64_t>& dims) {
   return b.broadcast_to(b.reshape(r, reduced_shape(in, dims, true)), in);
 }
 
+Value rsum(Builder& b, Value x, const std::vector<int64_t>& dims) {
+  return b.reduce(x, b.constant_i(0, x.elem()), dims, "add");
+}
 // XLA:CPU's vectorized reduce with a plain maximum/minimum body drops NaNs; PyTorch propagates
 // them, so float bodies pick a NaN operand explicitly.
 Value nan_reduce(Builder& b, Value x, Value init, const std::vector<int64_t>& dims, const char* op) {
@@ -104,7 +124,7 @@ TPU_LOWER(sum) {
   const Type& o = out_type(c);
   Value x = c.tensor("self");
   auto dims = reduce_dims(c, "dim", x.rank());
-  return {reshape_to_output(b, sum_over(b, input_as(b, x, o.elem), dims), o)};
+  return {fit(b, rsum(b, input_as(b, x, o.elem), dims), o)};
 }
 
 TPU_LOWER(mean) {
@@ -113,9 +133,9 @@ TPU_LOWER(mean) {
   if (!shlo::is_float(o.elem)) throw Unsupported("mean: non-float output");
   auto dims = reduce_dims(c, "dim", x.rank());
   ElemType t = acc_type(o.elem);
-  Value s = sum_over(b, input_as(b, x, o.elem), dims);
+  Value s = rsum(b, input_as(b, x, o.elem), dims);
   int64_t n = reduced_numel(x.shape(), dims);
-  return {reshape_to_output(b, b.div(s, b.constant_f(static_cast<double>(n), t, s.shape())), o)};
+  return {fit(b, b.div(s, b.constant_f(static_cast<double>(n), t, s.shape())), o)};
 }
 
 TPU_LOWER(prod) {
@@ -124,21 +144,21 @@ TPU_LOWER(prod) {
   auto dims = reduce_dims(c, "dim", x.rank());
   Value xi = input_as(b, x, o.elem);
   if (xi.elem() == ElemType::Pred)
-    return {reshape_to_output(b, b.reduce(xi, b.constant_i(1, xi.elem()), dims, "and"), o)};
-  return {reshape_to_output(b, b.reduce(xi, b.constant_i(1, xi.elem()), dims, "multiply"), o)};
+    return {fit(b, b.reduce(xi, b.constant_i(1, xi.elem()), dims, "and"), o)};
+  return {fit(b, b.reduce(xi, b.constant_i(1, xi.elem()), dims, "multiply"), o)};
 }
 
 // ------------------------------------------------------------------ amax / amin / max / min
 TPU_LOWER(amax) {
   const Type& o = out_type(c);
   Value x = c.tensor("self");
-  return {reshape_to_output(b, rmax(b, x, reduce_dims(c, "dim", x.rank())), o)};
+  return {fit(b, rmax(b, x, reduce_dims(c, "dim", x.rank())), o)};
 }
 
 TPU_LOWER(amin) {
   const Type& o = out_type(c);
   Value x = c.tensor("self");
-  return {reshape_to_output(b, rmin(b, x, reduce_dims(c, "dim", x.rank())), o)};
+  return {fit(b, rmin(b, x, reduce_dims(c, "dim", x.rank())), o)};
 }
 
 static std::vector<Value> lower_max_min(Builder& b, const OpCall& c, bool is_max) {
@@ -154,13 +174,13 @@ static std::vector<Value> lower_max_min(Builder& b, const OpCall& c, bool is_max
   if (!c.has("dim")) {  // full reduction
     std::vector<int64_t> dims;
     for (int64_t i = 0; i < x.rank(); ++i) dims.push_back(i);
-    return {reshape_to_output(b, is_max ? rmax(b, x, dims) : rmin(b, x, dims), o)};
+    return {fit(b, is_max ? rmax(b, x, dims) : rmin(b, x, dims), o)};
   }
   const Type& oi = out_type(c, 1);
   if (x.rank() == 0) return {x, b.constant_i(0, oi.elem)};
   int64_t dim = norm_dim(c.int_("dim"), x.rank());
   auto [v, i] = arg_reduce(b, x, dim, is_max, oi.elem);
-  return {reshape_to_output(b, v, o), reshape_to_output(b, i, oi)};
+  return {fit(b, v, o), fit(b, i, oi)};
 }
 
 TPU_LOWER(max) { return lower_max_min(b, c, true); }
@@ -177,7 +197,7 @@ static std::vector<Value> lower_argmaxmin(Builder& b, const OpCall& c, bool is_m
   } else {
     dim = norm_dim(c.int_("dim"), x.rank());
   }
-  return {reshape_to_output(b, arg_reduce(b, x, dim, is_max, o.elem).second, o)};
+  return {fit(b, arg_reduce(b, x, dim, is_max, o.elem).second, o)};
 }
 
 TPU_LOWER(argmax) { return lower_argmaxmin(b, c, true); }
@@ -186,7 +206,7 @@ TPU_LOWER(argmin) { return lower_argmaxmin(b, c, false); }
 TPU_LOWER(aminmax) {
   Value x = c.tensor("self");
   auto dims = reduce_dims(c, "dim", x.rank());
-  return {reshape_to_output(b, rmin(b, x, dims), out_type(c, 0)), reshape_to_output(b, rmax(b, x, dims), out_type(c, 1))};
+  return {fit(b, rmin(b, x, dims), out_type(c, 0)), fit(b, rmax(b, x, dims), out_type(c, 1))};
 }
 
 // ------------------------------------------------------------------ var / std
@@ -198,10 +218,10 @@ static std::pair<Value, Value> var_mean_impl(Builder& b, const OpCall& c, ElemTy
   Value x = input_as(b, x0, out);
   auto dims = reduce_dims(c, "dim", x.rank());
   int64_t n = reduced_numel(x.shape(), dims);
-  Value mean = b.div(sum_over(b, x, dims), b.constant_f(static_cast<double>(n), t,
+  Value mean = b.div(rsum(b, x, dims), b.constant_f(static_cast<double>(n), t,
                                                     reduced_shape(x.shape(), dims, false)));
   Value d = b.sub(x, expand_back(b, mean, x.shape(), dims));
-  Value ss = sum_over(b, b.mul(d, d), dims);
+  Value ss = rsum(b, b.mul(d, d), dims);
   Value corr;
   if (c.has("correction")) corr = operand(b, c.arg("correction"), t, {});
   else if (c.has("unbiased")) corr = b.constant_f(c.bool_("unbiased") ? 1.0 : 0.0, t);
@@ -213,19 +233,19 @@ static std::pair<Value, Value> var_mean_impl(Builder& b, const OpCall& c, ElemTy
 
 TPU_LOWER(var) {
   auto [v, m] = var_mean_impl(b, c, out_type(c).elem);
-  return {reshape_to_output(b, v, out_type(c))};
+  return {fit(b, v, out_type(c))};
 }
 TPU_LOWER(std) {
   auto [v, m] = var_mean_impl(b, c, out_type(c).elem);
-  return {reshape_to_output(b, b.sqrt(v), out_type(c))};
+  return {fit(b, b.sqrt(v), out_type(c))};
 }
 TPU_LOWER(var_mean) {
   auto [v, m] = var_mean_impl(b, c, out_type(c).elem);
-  return {reshape_to_output(b, v, out_type(c, 0)), reshape_to_output(b, m, out_type(c, 1))};
+  return {fit(b, v, out_type(c, 0)), fit(b, m, out_type(c, 1))};
 }
 TPU_LOWER(std_mean) {
   auto [v, m] = var_mean_impl(b, c, out_type(c).elem);
-  return {reshape_to_output(b, b.sqrt(v), out_type(c, 0)), reshape_to_output(b, m, out_type(c, 1))};
+  return {fit(b, b.sqrt(v), out_type(c, 0)), fit(b, m, out_type(c, 1))};
 }
 
 // ------------------------------------------------------------------ norms
@@ -242,10 +262,10 @@ static Value vector_norm(Builder& b, Value x, const std::vector<int64_t>& dims, 
     double pv = (!p || p->is_none()) ? 2.0 : (p->kind == Arg::Kind::Int ? static_cast<double>(p->i) : p->d);
     if (pv == inf) return rmax(b, a, dims);
     if (pv == -inf) return rmin(b, a, dims);
-    if (pv == 0) return sum_over(b, b.convert(b.convert(a, ElemType::Pred), t), dims);
-    if (pv == 1) return sum_over(b, a, dims);
-    if (pv == 2) return b.sqrt(sum_over(b, b.mul(a, a), dims));
-    Value s = sum_over(b, b.pow(a, b.constant_f(pv, t, a.shape())), dims);
+    if (pv == 0) return rsum(b, b.convert(b.convert(a, ElemType::Pred), t), dims);
+    if (pv == 1) return rsum(b, a, dims);
+    if (pv == 2) return b.sqrt(rsum(b, b.mul(a, a), dims));
+    Value s = rsum(b, b.pow(a, b.constant_f(pv, t, a.shape())), dims);
     return b.pow(s, b.constant_f(1.0 / pv, t, s.shape()));
   }
   if (p->kind != Arg::Kind::Scalar) throw Unsupported("norm: unexpected p argument kind");
@@ -258,7 +278,7 @@ static Value vector_norm(Builder& b, Value x, const std::vector<int64_t>& dims, 
   Value nz = b.convert(b.convert(a, ElemType::Pred), t);
   Value term = b.select(is(0, xs), nz,
                         b.select(is(1, xs), a, b.select(is(2, xs), b.mul(a, a), b.pow(a, pvx))));
-  Value s = sum_over(b, term, dims);
+  Value s = rsum(b, term, dims);
   Value inv_p = b.div(b.constant_f(1.0, t, rs), b.broadcast_to(pv, rs));
   Value root = b.select(b.or_(is(0, rs), is(1, rs)), s,
                         b.select(is(2, rs), b.sqrt(s), b.pow(s, inv_p)));
@@ -272,7 +292,7 @@ TPU_LOWER(linalg_vector_norm) {
   if (!shlo::is_float(o.elem)) throw Unsupported("linalg_vector_norm: non-float output");
   Value x = input_as(b, c.tensor("self"), o.elem);
   auto dims = reduce_dims(c, "dim", x.rank());
-  return {reshape_to_output(b, vector_norm(b, x, dims, c.find("ord")), o)};
+  return {fit(b, vector_norm(b, x, dims, c.find("ord")), o)};
 }
 
 TPU_LOWER(norm) {
@@ -280,7 +300,7 @@ TPU_LOWER(norm) {
   if (!shlo::is_float(o.elem)) throw Unsupported("norm: non-float output");
   Value x = input_as(b, c.tensor("self"), o.elem);
   auto dims = reduce_dims(c, "dim", x.rank());
-  return {reshape_to_output(b, vector_norm(b, x, dims, c.find("p")), o)};
+  return {fit(b, vector_norm(b, x, dims, c.find("p")), o)};
 }
 
 // ------------------------------------------------------------------ all / any / count_nonzero
@@ -288,14 +308,14 @@ TPU_LOWER(all) {
   const Type& o = out_type(c);
   Value x = c.tensor("self");
   Value p = b.convert(x, ElemType::Pred);
-  return {reshape_to_output(b, b.reduce(p, b.constant_i(1, ElemType::Pred), bool_reduce_dims(c, x.rank()), "and"), o)};
+  return {fit(b, b.reduce(p, b.constant_i(1, ElemType::Pred), bool_reduce_dims(c, x.rank()), "and"), o)};
 }
 
 TPU_LOWER(any) {
   const Type& o = out_type(c);
   Value x = c.tensor("self");
   Value p = b.convert(x, ElemType::Pred);
-  return {reshape_to_output(b, b.reduce(p, b.constant_i(0, ElemType::Pred), bool_reduce_dims(c, x.rank()), "or"), o)};
+  return {fit(b, b.reduce(p, b.constant_i(0, ElemType::Pred), bool_reduce_dims(c, x.rank()), "or"), o)};
 }
 
 TPU_LOWER(count_nonzero) {
@@ -303,7 +323,7 @@ TPU_LOWER(count_nonzero) {
   Value x = c.tensor("self");
   auto dims = reduce_dims(c, "dim", x.rank());
   Value nz = b.convert(b.convert(x, ElemType::Pred), o.elem);
-  return {reshape_to_output(b, sum_over(b, nz, dims), o)};
+  return {fit(b, rsum(b, nz, dims), o)};
 }
 
 // ------------------------------------------------------------------ logsumexp
@@ -317,8 +337,8 @@ TPU_LOWER(logsumexp) {
   // PyTorch: maxes.masked_fill_(maxes.abs() == inf, 0)
   Value is_inf = b.compare(Cmp::EQ, b.abs(m), b.constant_f(std::numeric_limits<double>::infinity(), t, m.shape()));
   Value ms = b.select(is_inf, b.constant_f(0.0, t, m.shape()), m);
-  Value s = sum_over(b, b.exp(b.sub(x, expand_back(b, ms, x.shape(), dims))), dims);
-  return {reshape_to_output(b, b.add(b.log(s), ms), o)};
+  Value s = rsum(b, b.exp(b.sub(x, expand_back(b, ms, x.shape(), dims))), dims);
+  return {fit(b, b.add(b.log(s), ms), o)};
 }
 
 // ------------------------------------------------------------------ cumsum / cumprod
@@ -348,7 +368,7 @@ TPU_LOWER(equal) {
   return {b.reduce(eq, b.constant_i(1, ElemType::Pred), dims, "and")};
 }
 
-// nansum: NaNs count as zero.
+// Sum treating NaN as zero.
 TPU_LOWER(nansum) {
   const Type& o = out_type(c);
   ElemType t = opmath(o.elem);
