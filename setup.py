@@ -20,11 +20,18 @@ def pjrt_include_dir() -> str:
     return os.path.join(list(spec.submodule_search_locations)[0], "include")
 
 
+def kineto_include_dir() -> str:
+    # torch's PrivateUse1 profiler header includes Kineto's headers by their bare names.
+    spec = importlib.util.find_spec("torch")
+    assert spec is not None and spec.submodule_search_locations
+    return os.path.join(list(spec.submodule_search_locations)[0], "include", "kineto")
+
+
 sources = sorted(glob.glob("csrc/**/*.cc", recursive=True))
 ext = CppExtension(
     name="torch_tpu._C",
     sources=sources,
-    include_dirs=[os.path.abspath("csrc"), pjrt_include_dir()],
+    include_dirs=[os.path.abspath("csrc"), pjrt_include_dir(), kineto_include_dir()],
     extra_compile_args=["-std=c++20", "-O2", "-fvisibility=hidden", "-Wno-unused-parameter"],
     extra_link_args=["-ldl"],
 )

@@ -7,8 +7,10 @@ graph). Goal: checks-on time <= 1.03x checks-off time in both modes.
 On a shared, loaded machine one decode run varies by far more than 3 %, so each round times on
 and off back to back (alternating which goes first) and the ratio is taken three ways: of the
 fastest runs (the estimate least disturbed by other processes: the goal), of the medians, and the
-median of the per-round ratios; wall time and process CPU time (all threads) both. A per-op
-section times the two checked ops alone (thread CPU time, 400 launches)."""
+median of the per-round ratios; wall time and process CPU time (all threads) both. A second
+checks-off series (A/A) in each mode shows how far the same estimators move on noise alone. A
+per-op section times the two checked ops alone (thread CPU time, 400 launches), and the counters
+give checked launches and status reads per token."""
 
 from __future__ import annotations
 
@@ -33,6 +35,10 @@ def step_checked(*a: Any) -> torch.Tensor:  # distinct code objects: one compile
 
 
 def step_unchecked(*a: Any) -> torch.Tensor:
+    return next_token(*a)
+
+
+def step_unchecked2(*a: Any) -> torch.Tensor:  # A/A: a second checks-off graph
     return next_token(*a)
 
 
@@ -84,7 +90,8 @@ def per_op(repeats: int) -> dict[str, dict[str, float]]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--repeats", type=int, default=9, help="rounds of (on, off) per mode")
+    ap.add_argument("--repeats", type=int, default=21, help="rounds of (on, off, off again) in strict eager")
+    ap.add_argument("--compiled-repeats", type=int, default=9, help="rounds of (on, off, off again) compiled")
     args = ap.parse_args()
     model = build_model().to(TPU)
     ids = torch.randint(0, model.config.vocab_size, (1, 128))
@@ -95,9 +102,13 @@ def main() -> None:
             Variant("compiled_off", model, TPU, torch.compile(step_unchecked, backend="tpu", dynamic=False), ids),
         ),
     }
+    off2 = {  # the second checks-off series of each mode (A/A)
+        "strict": modes["strict"][1],
+        "compiled": Variant("compiled_off2", model, TPU, torch.compile(step_unchecked2, backend="tpu", dynamic=False), ids),
+    }
     toks = {}
     for mode, (v_on, v_off) in modes.items():  # warm-up: compiles (each graph built with its setting)
-        for v, on in ((v_on, True), (v_off, False)):
+        for v, on in ((v_on, True), (v_off, False), (off2[mode], False)):
             _C._set_device_checks(on)
             v.timed("prefill")
             v.timed("decode")
@@ -108,16 +119,18 @@ def main() -> None:
         timed(v_on, True)
         s1 = _C._device_check_stats()
         counts[mode] = {k: (s1[k] - s0[k]) / DECODE_TOKENS for k in s0}
-    wall: dict[str, list[float]] = {f"{m}_{s}": [] for m in modes for s in ("on", "off")}
+    # off2: a second checks-off series (A/A): how far the estimators move on noise alone.
+    series = {m: ["on", "off", "off2"] for m in modes}
+    wall: dict[str, list[float]] = {f"{m}_{s}": [] for m in modes for s in series[m]}
     cpu: dict[str, list[float]] = {k: [] for k in wall}
-    for r in range(args.repeats):
-        for mode, (v_on, v_off) in modes.items():
-            order = ((v_on, True), (v_off, False)) if r % 2 == 0 else ((v_off, False), (v_on, True))
-            for v, on in order:
-                w, c = timed(v, on)
-                key = f"{mode}_{'on' if on else 'off'}"
-                wall[key].append(w)
-                cpu[key].append(c)
+    for mode, (v_on, v_off) in modes.items():
+        runs = {"on": (v_on, True), "off": (v_off, False), "off2": (off2[mode], False)}
+        for r in range(args.repeats if mode == "strict" else args.compiled_repeats):
+            names = series[mode][r % len(series[mode]):] + series[mode][: r % len(series[mode])]  # rotate
+            for name in names:
+                w, c = timed(*runs[name])
+                wall[f"{mode}_{name}"].append(w)
+                cpu[f"{mode}_{name}"].append(c)
     _C._set_device_checks(True)
     ms = {k: 1000 * min(t) / DECODE_TOKENS for k, t in wall.items()}
     ms_median = {k: 1000 * statistics.median(t) / DECODE_TOKENS for k, t in wall.items()}
@@ -125,18 +138,22 @@ def main() -> None:
         m: {"wall": ratios(wall[f"{m}_on"], wall[f"{m}_off"]), "cpu": ratios(cpu[f"{m}_on"], cpu[f"{m}_off"])}
         for m in modes
     }
+    for m in list(modes):
+        detail[f"{m}_A/A"] = {
+            "wall": ratios(wall[f"{m}_off2"], wall[f"{m}_off"]), "cpu": ratios(cpu[f"{m}_off2"], cpu[f"{m}_off"])
+        }
     ops = per_op(3)
     goal_ratios = [
         ratio(f"{m}_on_over_off", detail[m]["wall"]["min"], GOAL, higher_is_better=False) for m in modes
     ]
     summary = (
-        f"{NAME}: decode ms/token (fastest of {args.repeats}) strict on {ms['strict_on']:.2f} off "
+        f"{NAME}: decode ms/token (fastest run) strict on {ms['strict_on']:.2f} off "
         f"{ms['strict_off']:.2f}, compiled on {ms['compiled_on']:.2f} off {ms['compiled_off']:.2f}; "
         + "; ".join(fmt_ratio(r) for r in goal_ratios)
     )
-    for m in modes:
+    for m in detail:
         print(
-            f"  {m:8s} on/off  wall: min {detail[m]['wall']['min']:.3f} median {detail[m]['wall']['median']:.3f} "
+            f"  {m:11s} {'off/off' if 'A/A' in m else 'on/off '} wall: min {detail[m]['wall']['min']:.3f} median {detail[m]['wall']['median']:.3f} "
             f"paired {detail[m]['wall']['paired_median']:.3f} | cpu: min {detail[m]['cpu']['min']:.3f} "
             f"median {detail[m]['cpu']['median']:.3f} paired {detail[m]['cpu']['paired_median']:.3f}"
         )
@@ -155,7 +172,7 @@ def main() -> None:
         "raw_cpu_seconds": cpu,
         "same_tokens": len(set(toks.values())) == 1,
         "decode_tokens": DECODE_TOKENS,
-        "repeats": args.repeats,
+        "repeats": {"strict": args.repeats, "compiled": args.compiled_repeats},
         "ratios": goal_ratios,
     })
 

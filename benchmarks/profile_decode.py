@@ -1,7 +1,8 @@
 """torch.profiler view of one tiny-Llama greedy decode step on tpu (strict eager, or compiled).
 
 Prints the tpu rows of key_averages() (launches, compiles with their cache tier, transfers, host
-syncs, device time) and writes a chrome trace. Example:
+syncs: CPU time; device time of each launch: the TPU column), the torch ops by the device time of
+their launches, and writes a chrome trace. Example:
     python benchmarks/profile_decode.py --trace /tmp/decode_trace.json [--compile]
 """
 
@@ -48,19 +49,27 @@ def main() -> None:
         d1, c1 = torch_tpu.dispatch_stats(), torch_tpu.cache_stats()
 
     prof.export_chrome_trace(args.trace)
-    avg = [a for a in prof.key_averages() if a.key.startswith("tpu::") or a.key == "decode_step"]
-    avg.sort(key=lambda a: -a.cpu_time_total)
+    averages = prof.key_averages()
+    avg = [a for a in averages if a.key.startswith("tpu::") or a.key == "decode_step"]
+    avg.sort(key=lambda a: -max(a.cpu_time_total, a.device_time_total))
     print(f"mode: {'compiled' if args.compile else 'strict eager'}  next token {tok_cpu.item()}  "
           f"profiled wall {wall * 1e3:.1f} ms")
-    print(f"{'row':58s} {'calls':>5s} {'total us':>10s} {'avg us':>9s}")
+    print(f"{'row':52s} {'calls':>5s} {'CPU total us':>12s} {'TPU total us':>12s}")
     for a in avg[: args.rows]:
-        print(f"{a.key[:58]:58s} {a.count:5d} {a.cpu_time_total:10.1f} {a.cpu_time_total / a.count:9.1f}")
+        print(f"{a.key[:52]:52s} {a.count:5d} {a.cpu_time_total:12.1f} {a.device_time_total:12.1f}")
+    # Device time per torch op (the tpu activities linked to the op that launched them).
+    ops = sorted((a for a in averages if a.key.startswith(("aten::", "torch_tpu::")) and a.self_device_time_total > 0
+                  or a.key.startswith(("aten::", "torch_tpu::")) and a.device_time_total > 0),
+                 key=lambda a: -a.device_time_total)
+    print(f"{'op (device time of its launches)':52s} {'calls':>5s} {'CPU total us':>12s} {'TPU total us':>12s}")
+    for a in ops[:8]:
+        print(f"{a.key[:52]:52s} {a.count:5d} {a.cpu_time_total:12.1f} {a.device_time_total:12.1f}")
     kinds: dict[str, tuple[int, float]] = {}
-    for a in prof.key_averages():
+    for a in averages:
         if a.key.startswith("tpu::"):
             k = a.key.split(" ")[0]
             n, t = kinds.get(k, (0, 0.0))
-            kinds[k] = (n + a.count, t + a.cpu_time_total)
+            kinds[k] = (n + a.count, t + (a.device_time_total if k == "tpu::device" else a.cpu_time_total))
     print("summary:", "  ".join(f"{k} x{n} {t / 1e3:.2f} ms" for k, (n, t) in sorted(kinds.items())))
     print(f"counters: launches +{d1['launches'] - d0['launches']}  host_syncs +{d1['host_syncs'] - d0['host_syncs']}  "
           f"compiles memory +{c1['memory_hits'] - c0['memory_hits']} disk +{c1['disk_hits'] - c0['disk_hits']} "

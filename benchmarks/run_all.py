@@ -24,6 +24,7 @@ BENCHMARKS = {
     "models_diffusers": "bench_models_diffusers",
     "compile": "bench_compile",
     "train_step": "bench_train_step",
+    "dynamic_generate": "bench_dynamic_generate",
     "fused": "bench_fused",
     "grouped_mm": "bench_grouped_mm",
     "models_hf": "bench_models_hf",

@@ -51,6 +51,24 @@ def test_hf_generate_dynamic_cache_bucketed() -> None:
     assert len(_programs()) == before
 
 
+def test_hf_generate_batched_left_padded() -> None:
+    """Two prompts, one left-padded: the attention mask is built in the graph (arange, index,
+    comparisons over the KV length) and still pads into buckets; tokens equal CPU eager."""
+    model = _tiny_llama()
+    model.config.pad_token_id = 0
+    ids = torch.randint(1, 64, (2, 6))
+    mask = torch.ones(2, 6, dtype=torch.long)
+    ids[1, :2], mask[1, :2] = 0, 0
+    ref = model.generate(ids, attention_mask=mask, max_new_tokens=14, do_sample=False)
+    model = model.to("tpu")
+    model.forward = torch.compile(model.forward, backend="tpu")
+    torch_tpu.reset_cache_stats()
+    out = model.generate(ids.to("tpu"), attention_mask=mask.to("tpu"), max_new_tokens=14, do_sample=False)
+    assert torch.equal(out.cpu(), ref)
+    assert dynamic_shapes.BUCKETS and all(b["kind"] == "padded" for b in dynamic_shapes.BUCKETS), \
+        dynamic_shapes.BUCKETS
+
+
 def _mixed(x: torch.Tensor, y: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor, ...]:
     a = torch.softmax(x @ w, dim=0)  # softmax over the dynamic dim
     s = a.sum(0) + x.mean(0) + x.amax(0) + torch.log_softmax(x, 0)[0]
@@ -79,6 +97,29 @@ def test_dynamic_true_buckets_match_cpu() -> None:
     assert "<=32" in text and "dynamic-shape programs" in text
 
 
+def test_layer_norm_embedding_self_attention_padded() -> None:
+    torch.manual_seed(0)
+    ln, emb = torch.nn.LayerNorm(8), torch.nn.Embedding(20, 8)
+    ln_t, emb_t = torch.nn.LayerNorm(8).to("tpu"), torch.nn.Embedding(20, 8).to("tpu")
+    ln_t.load_state_dict(ln.state_dict())
+    emb_t.load_state_dict(emb.state_dict())
+
+    def f(ids: torch.Tensor, ln: torch.nn.Module, emb: torch.nn.Module) -> torch.Tensor:
+        h = ln(emb(ids))[:, None]  # non-causal self-attention over the dynamic length
+        return torch.nn.functional.scaled_dot_product_attention(h, h, h).sum(1)
+
+    g = torch.compile(f, backend="tpu")
+    torch_tpu.reset_cache_stats()
+    with torch.no_grad():
+        for n in (3, 7, 18):
+            ids = torch.randint(0, 20, (2, n))
+            ids_t = ids.to("tpu")
+            torch._dynamo.mark_dynamic(ids_t, 1)
+            torch.testing.assert_close(g(ids_t, ln_t, emb_t).cpu(), f(ids, ln, emb), atol=1e-5, rtol=1e-5)
+    assert [(b["kind"], list(b["bucket"].values())) for b in dynamic_shapes.BUCKETS] == [
+        ("padded", [16]), ("padded", [32])]
+
+
 def test_mark_dynamic_max_caps_the_bucket() -> None:
     def f(x: torch.Tensor) -> torch.Tensor:
         return torch.softmax(x, 0) * x.sum(0, keepdim=True)
@@ -91,6 +132,29 @@ def test_mark_dynamic_max_caps_the_bucket() -> None:
         torch._dynamo.mark_dynamic(xt, 0, min=2, max=24)
         torch.testing.assert_close(g(xt).cpu(), f(x), atol=1e-5, rtol=1e-5)
     assert sorted({b["bucket"][next(iter(b["bucket"]))] for b in dynamic_shapes.BUCKETS}) == [16, 24]
+
+
+def test_training_graphs_are_padded_and_grads_match_cpu() -> None:
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(8, 8)
+    lin_t = torch.nn.Linear(8, 8).to("tpu")
+    lin_t.load_state_dict(lin.state_dict())
+
+    def f(m: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+        return (torch.softmax(m(x), dim=0) * x).sum() + x.mean()
+
+    g = torch.compile(f, backend="tpu", dynamic=True)
+    torch_tpu.reset_cache_stats()
+    for n in (3, 9, 17):
+        x = torch.randn(n, 8, requires_grad=True)
+        xt = x.detach().to("tpu").requires_grad_()
+        f(lin, x).backward()
+        g(lin_t, xt).backward()
+        torch.testing.assert_close(xt.grad.cpu(), x.grad, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(lin_t.weight.grad.cpu(), lin.weight.grad, atol=1e-5, rtol=1e-5)
+    # forward and backward: one padded program per bucket each (16, then 32)
+    assert [(b["kind"], max(b["bucket"].values())) for b in dynamic_shapes.BUCKETS] == [
+        ("padded", 16), ("padded", 16), ("padded", 32), ("padded", 32)]
 
 
 def test_op_without_padded_rule_runs_exact_programs() -> None:
@@ -106,6 +170,25 @@ def test_op_without_padded_rule_runs_exact_programs() -> None:
     assert [b["kind"] for b in entries] == ["exact", "exact"]
     assert "cumsum" in entries[0]["reason"]
     assert "exact" in str(torch_tpu.explain(print_result=False))
+
+
+def test_size_used_as_a_value_runs_exact_programs() -> None:
+    table = torch.randn(64, 4)
+    table_t = table.to("tpu")
+
+    def f(x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        n = x.shape[0]
+        return x.sum(0) + t[n:n + 1].sum(0)  # slicing a static dim at the symbolic size
+
+    g = torch.compile(f, backend="tpu")
+    torch_tpu.reset_cache_stats()
+    for n in (3, 6, 20):
+        x = torch.randn(n, 4)
+        x_t = x.to("tpu")
+        torch._dynamo.mark_dynamic(x_t, 0)
+        torch.testing.assert_close(g(x_t, table_t).cpu(), f(x, table))
+    assert [b["kind"] for b in dynamic_shapes.BUCKETS] == ["exact"] * 3
+    assert "size is used as a value" in dynamic_shapes.BUCKETS[0]["reason"]
 
 
 def test_prefix_view_comes_back_without_copy() -> None:

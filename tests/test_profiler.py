@@ -79,7 +79,11 @@ def test_chrome_trace_nesting_and_device_row(profiled: dict) -> None:
     assert host and device
     for e in host:  # nested under the record_function range, on its thread
         assert e["tid"] == step["tid"] and lo <= e["ts"] and e["ts"] + e["dur"] <= hi + 1, e
-    assert {e["tid"] for e in device} != {step["tid"]}  # device time has its own row
+    # Device activities (Kineto's PrivateUse1 profiler): kernels on the "TPU 0" process row.
+    assert {e["pid"] for e in device} == {0} != {step["pid"]}
+    assert {e.get("cat") for e in device} == {"kernel"}
+    labels = [e for e in events if e.get("ph") == "M" and e.get("pid") == 0 and e.get("name") == "process_labels"]
+    assert labels and labels[0]["args"]["labels"] == "TPU 0"
     for e in device:
         assert e["dur"] > 0 and lo - 1 <= e["ts"] <= hi + 1
 
@@ -87,9 +91,16 @@ def test_chrome_trace_nesting_and_device_row(profiled: dict) -> None:
 def test_key_averages_rows(profiled: dict) -> None:
     avg = {a.key: a for a in profiled["prof"].key_averages()}
     dev = [a for k, a in avg.items() if k.startswith("tpu::device ")]
-    assert dev and all(a.cpu_time_total > 0 for a in dev)
+    # Device rows carry device time (the "Self TPU" column), no CPU time.
+    assert dev and all(a.self_device_time_total > 0 and a.cpu_time_total == 0 for a in dev)
+    # ... and count as device time of the op that launched them (linked by correlation id).
+    kernels = avg["tpu::device aten::addmm"]
+    assert avg["aten::addmm"].device_time_total == pytest.approx(kernels.self_device_time_total)
+    assert avg["aten::linear"].device_time_total == pytest.approx(kernels.self_device_time_total)
+    assert avg["tiny_step"].device_time_total >= sum(a.self_device_time_total for a in dev) - 1
     assert any(k.startswith("tpu::launch aten::addmm") for k in avg)
-    assert "tiny_step" in avg
+    table = profiled["prof"].key_averages().table(sort_by="self_device_time_total", row_limit=5)
+    assert "Self TPU" in table and "tpu::device aten::addmm" in table
 
 
 def test_no_rows_without_profiler() -> None:
@@ -119,3 +130,18 @@ def test_compiled_graph_launch_row() -> None:
     assert [n for n in names if n.startswith("tpu::device graph")] == [
         "tpu::device" + graphs[0][len("tpu::launch") :]
     ]
+    # The graph's device time is the device time of the op that ran it.
+    run = {a.key: a for a in prof.key_averages()}["torch_tpu::run_graph"]
+    assert run.device_time_total > 0
+
+
+def test_cpu_only_profile_keeps_device_rows() -> None:
+    # A CPU-only profile still shows each launch's device interval: as a device activity when
+    # Kineto runs the tpu's activity profiler anyway (once it was set up in this process), else as
+    # a CPU-side row on a thread of its own.
+    x = torch.randn(8, 8).to("tpu")
+    (x @ x).cpu()
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        (x @ x).cpu()
+    rows = [e for e in prof.events() if e.name == "tpu::device aten::mm"]
+    assert len(rows) == 1 and rows[0].time_range.elapsed_us() > 0

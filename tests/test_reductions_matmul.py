@@ -16,7 +16,7 @@ from tests.conftest import to_dev
 
 DEV = "tpu"
 
-# ATen base names lowered by reduction.cc / matmul.cc / nn.cc.
+# ATen base names lowered by reduction.cc / matmul.cc / normalization.cc / losses.cc.
 LOWERED = {
     "sum", "mean", "prod", "amax", "amin", "max", "min", "argmax", "argmin", "var", "std",
     "var_mean", "std_mean", "norm", "linalg_vector_norm", "all", "any", "logsumexp", "cumsum",

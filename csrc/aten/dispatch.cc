@@ -25,7 +25,9 @@
 #include "plan_call.h"
 #include "cpu_fallback.h"
 #include "dispatch.h"
+#include "dispatch_cache.h"
 #include "cuda_compat.h"
+#include "runtime/compile_cache.h"
 
 namespace tpu::aten {
 
@@ -86,19 +88,10 @@ void visit_tensors(const c10::IValue& v, const std::function<void(const at::Tens
   }
 }
 
-struct MetaOut {
-  std::vector<int64_t> sizes, strides;
-  c10::ScalarType dtype;
-  std::optional<int64_t> int_value;  // an int/SymInt return (e.g. SDPA's max_q), from meta
-};
-
 bool is_int_return(const c10::Argument& r) {
   auto k = r.type()->kind();
   return k == c10::TypeKind::IntType || k == c10::TypeKind::SymIntType;
 }
-struct MetaResult {
-  std::vector<MetaOut> outs;
-};
 std::shared_mutex meta_mu;
 std::unordered_map<std::string, std::shared_ptr<const MetaResult>>& meta_cache() {
   static auto* m = std::make_unique<std::unordered_map<std::string, std::shared_ptr<const MetaResult>>>().release();
@@ -417,21 +410,17 @@ void append_mutated_args(const lowering::OpEntry& entry, const c10::FunctionSche
 
 // The named arguments the planner reads, and PyTorch's result type over tensor and scalar
 // arguments (the computation dtype; the first output's dtype when there is none).
-c10::ScalarType named_args(const lowering::OpEntry& entry, const c10::FunctionSchema& schema,
+c10::ScalarType named_args(const OpInfo& info, const c10::FunctionSchema& schema,
                            c10::ArrayRef<c10::IValue> args, const std::vector<at::Tensor>& outs,
                            std::vector<NamedArg>& named) {
+  const lowering::OpEntry& entry = *info.entry;
   const auto& sargs = schema.arguments();
   const size_t n = args.size();
   at::native::ResultTypeState rts{};
   bool any = false;
   named.reserve(n);
   for (size_t j = 0; j < n; ++j) {
-    NamedArg a{sargs[j].name(), args[j], hint_of(sargs[j].type())};
-    // Declared runtime scalars (a scheduled learning rate) are operands, not constants, so the
-    // program compiles once.
-    if (args[j].isDouble() && std::any_of(entry.runtime_scalars.begin(), entry.runtime_scalars.end(),
-                                          [&](const char* rs) { return a.name == rs; }))
-      a.hint = NamedArg::Hint::Scalar;
+    NamedArg a{sargs[j].name(), args[j], info.hints[j]};  // declared runtime scalars: Scalar
     // A foreach ScalarList (per-element lr / bias corrections) becomes 0-d host tensors: runtime
     // operands, not constants, so new values never recompile.
     if (entry.foreach && is_scalar_list(sargs[j].type())) {
@@ -471,8 +460,8 @@ c10::ScalarType named_args(const lowering::OpEntry& entry, const c10::FunctionSc
 }
 
 // Returns false (with `why`) when the op cannot take the lowered path (the caller falls back).
-bool run_lowered(const c10::OperatorHandle& op, const lowering::OpEntry& entry,
-                 const std::string& base, torch::jit::Stack* stack, std::string* why) {
+bool run_lowered(const c10::OperatorHandle& op, const OpInfo& info, torch::jit::Stack* stack, std::string* why) {
+  const lowering::OpEntry& entry = *info.entry;
   const auto& schema = op.schema();
   const auto& rets = schema.returns();
   const bool bool_result = rets.size() == 1 && rets[0].type()->kind() == c10::TypeKind::BoolType;
@@ -492,12 +481,16 @@ bool run_lowered(const c10::OperatorHandle& op, const lowering::OpEntry& entry,
   std::shared_ptr<const MetaResult> mr = output_meta(op, args, bool_result, list_result, why);
   if (!mr) return false;
 
+  std::optional<CallSignature> sig;
+  if (info.cacheable) sig.emplace(info, args);
   c10::DeviceGuard guard(c10::Device(kTpu, static_cast<c10::DeviceIndex>(device)));
   std::vector<at::Tensor> outs = allocate_outputs(schema, args, *mr, list_result, device);
   append_mutated_args(entry, schema, args, outs);
   std::vector<NamedArg> named;
-  const c10::ScalarType common = named_args(entry, schema, args, outs, named);
-  run_lowering(base, schema.overload_name(), entry, named, outs, common);
+  const c10::ScalarType common = named_args(info, schema, args, outs, named);
+  PlannedCall planned;
+  run_lowering(info.base, schema.overload_name(), entry, named, outs, common, sig && sig->valid() ? &planned : nullptr);
+  if (sig && sig->valid()) remember_call(*sig, mr, std::move(planned));
 
   torch::jit::drop(*stack, n);
   if (bool_result) {
@@ -514,6 +507,34 @@ bool run_lowered(const c10::OperatorHandle& op, const lowering::OpEntry& entry,
     else stack->push_back(std::move(outs[next++]));
   }
   return true;  // extra outputs (mutated, not returned) are not results of the schema
+}
+
+// A dispatch-cache hit (aten/dispatch_cache.h): outputs from the remembered metadata, the
+// remembered plan bound to this call's storages and scalar values, launched.
+void run_cached(const c10::OperatorHandle& op, const OpInfo& info, const CachedCall& cc, torch::jit::Stack* stack) {
+  const auto& schema = op.schema();
+  const size_t n = schema.arguments().size();
+  auto args = torch::jit::last(*stack, n);
+  c10::DeviceGuard guard(c10::Device(kTpu, static_cast<c10::DeviceIndex>(cc.device)));
+  std::vector<at::Tensor> outs = allocate_outputs(schema, args, *cc.meta, false, cc.device);
+  append_mutated_args(*info.entry, schema, args, outs);
+  runtime::Call call;
+  call.plan = cc.plan;
+  call.device = cc.device;
+  for (const CallSource& src : cc.slot_src)
+    call.st.push_back(&state_of(src.out ? outs[src.arg] : args[src.arg].toTensor()));
+  for (const CallSource& src : cc.host_src) {
+    const c10::IValue& v = args[src.arg];
+    call.host.push_back(v.isTensor() ? host_operand(v.toTensor()) : host_operand(v.toScalar()));
+  }
+  runtime::ProgramPtr program = runtime::CompileCache::get().hit(cc.program);
+  execute_call(call, &program, [] { return std::string("program evicted (signature seen before)"); });
+  torch::jit::drop(*stack, n);
+  size_t next = 0;
+  for (const MetaOut& m : cc.meta->outs) {
+    if (m.int_value) stack->push_back(*m.int_value);
+    else stack->push_back(std::move(outs[next++]));
+  }
 }
 
 }  // namespace
@@ -544,21 +565,69 @@ void convert_bool_indices(const c10::OperatorHandle& op, torch::jit::Stack* stac
 }
 }  // namespace
 
+const OpInfo& op_info(const c10::OperatorHandle& op) {
+  static std::shared_mutex mu;
+  static auto* infos = std::make_unique<std::unordered_map<const void*, std::unique_ptr<OpInfo>>>().release();
+  const c10::FunctionSchema& schema = op.schema();
+  {
+    std::shared_lock<std::shared_mutex> lock(mu);
+    auto it = infos->find(&schema);
+    // The name check guards against a re-registered op reusing a freed schema's address.
+    if (it != infos->end() && it->second->name == schema.operator_name()) return *it->second;
+  }
+  auto info = std::make_unique<OpInfo>();
+  info->name = schema.operator_name();
+  info->base = base_name(schema.name());
+  info->host_sync = lowering::is_host_sync_op(info->base);
+  const lowering::OpEntry* entry = lowering::find_op(info->base);
+  info->entry = entry && !entry->graph_only ? entry : nullptr;
+  for (const c10::Argument& a : schema.arguments()) {
+    NamedArg::Hint h = hint_of(a.type());
+    // Declared runtime scalars (a scheduled learning rate) are operands, not constants, so the
+    // program compiles once.
+    if (info->entry && a.type()->kind() == c10::TypeKind::FloatType &&
+        std::any_of(info->entry->runtime_scalars.begin(), info->entry->runtime_scalars.end(),
+                    [&](const char* rs) { return a.name() == rs; }))
+      h = NamedArg::Hint::Scalar;
+    info->hints.push_back(h);
+  }
+  // Calls the dispatch cache serves: plain tensor results, no per-call host work before planning
+  // (index moves, bool masks), no RNG draws, no list-splitting foreach checks.
+  bool plain_returns = !schema.returns().empty();
+  for (const c10::Argument& r : schema.returns())
+    plain_returns &= r.type()->kind() == c10::TypeKind::TensorType && (!r.alias_info() || r.alias_info()->isWrite());
+  info->cacheable = info->entry && !info->host_sync && plain_returns && !info->entry->random &&
+                    !info->entry->foreach && !info->entry->host_bool_indices && !info->entry->cpu_index_args;
+  std::unique_lock<std::shared_mutex> lock(mu);
+  auto& slot = (*infos)[&schema];
+  slot = std::move(info);
+  return *slot;
+}
+
 void tpu_boxed_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stack* stack) {
-  const std::string base = base_name(op.schema().name());
+  const OpInfo& info = op_info(op);
   std::string why = "no lowering";
-  if (lowering::is_host_sync_op(base)) {
+  if (info.host_sync) {
     // One host sync: the CPU fallback's input copy is the read, and the copy path counts it.
     at::native::cpu_fallback(op, stack, false);
     return;
   }
-  if (const lowering::OpEntry* entry = lowering::find_op(base); entry && !entry->graph_only) {
-    if (entry->cpu_index_args) move_cpu_index_args(op, base, stack);
+  if (const lowering::OpEntry* entry = info.entry) {
+    if (info.cacheable) {
+      CallSignature sig(info, torch::jit::last(*stack, op.schema().arguments().size()));
+      if (sig.valid()) {
+        if (auto hit = find_cached_call(sig)) {
+          run_cached(op, info, *hit, stack);
+          return;
+        }
+      }
+    }
+    if (entry->cpu_index_args) move_cpu_index_args(op, info.base, stack);
     if (entry->host_bool_indices) convert_bool_indices(op, stack);
     const bool foreach = entry->foreach;
     try {
       if ((!foreach || foreach_lowerable(op.schema(), torch::jit::last(*stack, op.schema().arguments().size()))) &&
-          run_lowered(op, *entry, base, stack, &why))
+          run_lowered(op, info, stack, &why))
         return;
     } catch (const lowering::Unsupported& e) {
       why = std::string("lowering refused: ") + e.what();

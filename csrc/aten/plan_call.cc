@@ -4,6 +4,7 @@
 #include <c10/core/DeviceGuard.h>
 #include <c10/util/Exception.h>
 
+#include <cmath>
 #include <cstring>
 #include <algorithm>
 #include <mutex>
@@ -67,40 +68,28 @@ bool same_width(ElemType a, ElemType b) {
   return shlo::bit_width(a) == shlo::bit_width(b) && (a == ElemType::Pred) == (b == ElemType::Pred);
 }
 
+// Builds a Plan and its first Call together: tensors become slots (deduplicated by storage) and
+// views, host values become operands; every slot and operand remembers where in the boxed call
+// it came from (PlannedCall), so the dispatch cache can bind the plan to later calls.
 class Planner {
  public:
-  Planner(Plan& p, bool flatten) : p_(p), flatten_(flatten) {}
+  Planner(Plan& p, runtime::Call& c, PlannedCall* rec, bool flatten) : p_(p), c_(c), rec_(rec), flatten_(flatten) {}
 
-  int slot_of(const at::Tensor& t) {
-    StorageState* st = &state_of(t);
-    for (size_t i = 0; i < p_.slots.size(); ++i)
-      if (p_.slots[i].st == st) return static_cast<int>(i);
-    Slot s{st};
-    ElemType e = elem_of(t.scalar_type());
-    if (st->buffer) {
-      if (!same_width(st->elem, e)) retype_storage(*st, e);
-      s.elem = st->elem;
-    } else {
-      s.elem = e;
-    }
-    s.numel = static_cast<int64_t>(st->nbytes) / elem_bytes(s.elem);
-    p_.slots.push_back(s);
-    return static_cast<int>(p_.slots.size() - 1);
-  }
+  int device() const { return device_; }
 
-  TensorRef ref(const at::Tensor& t) {
+  TensorRef ref(const at::Tensor& t, CallSource src) {
     int dev = t.device().index();
-    if (p_.device < 0) {
-      p_.device = dev;
-    } else if (p_.device != dev) {
+    if (device_ < 0) {
+      device_ = dev;
+    } else if (device_ != dev) {
       TORCH_CHECK(false, "Expected all tensors to be on the same device, but found at least two "
-                  "devices, tpu:", p_.device, " and tpu:", dev, "!");
+                  "devices, tpu:", device_, " and tpu:", dev, "!");
     }
     TensorRef r;
-    r.slot = slot_of(t);
+    r.slot = slot_of(t, src);
     ElemType e = elem_of(t.scalar_type());
     const Slot& s = p_.slots[r.slot];
-    if (shlo::bit_width(s.elem) != shlo::bit_width(e) || (s.elem == ElemType::Pred) != (e == ElemType::Pred))
+    if (!same_width(s.elem, e))
       throw lowering::Unsupported("tensor dtype differs in width from its storage's element type");
     r.view.elem = e;
     r.view.sizes = t.sizes().vec();
@@ -115,51 +104,69 @@ class Planner {
     return r;
   }
 
-  void host_scalar(const c10::Scalar& sc) {
-    HostOperand h{};
-    if (sc.isFloatingPoint()) {
-      h.elem = ElemType::F64;
-      double v = sc.toDouble();
-      std::memcpy(h.bytes, &v, 8);
-      p_.key += "Sf;";
-    } else if (sc.isBoolean()) {
-      h.elem = ElemType::Pred;
-      h.bytes[0] = sc.toBool() ? 1 : 0;
-      p_.key += "Sb;";
-    } else if (sc.isIntegral(false)) {
-      h.elem = ElemType::S64;
-      int64_t v = sc.toLong();
-      std::memcpy(h.bytes, &v, 8);
-      p_.key += "Si;";
-    } else {
-      throw lowering::Unsupported("complex scalars are not supported on tpu");
-    }
-    p_.host.push_back(h);
+  void host_scalar(const c10::Scalar& sc, CallSource src) {
+    HostOperand h = host_operand(sc);
+    p_.key += h.elem == ElemType::F64 ? "Sf;" : h.elem == ElemType::Pred ? "Sb;" : "Si;";
+    add_host(h, src);
   }
 
-  void host_tensor(const at::Tensor& t) {  // a 0-d CPU tensor
-    HostOperand h{};
-    h.elem = elem_of(t.scalar_type());
-    std::memcpy(h.bytes, t.data_ptr(), t.element_size());
+  void host_tensor(const at::Tensor& t, CallSource src) {  // a 0-d CPU tensor
+    HostOperand h = host_operand(t);
     p_.key += "H";
     p_.key += shlo::mlir_name(h.elem);
     p_.key += ';';
-    p_.host.push_back(h);
+    add_host(h, src);
   }
 
   void host_rng(uint64_t seed, uint64_t offset) {
     HostOperand h{};
     h.elem = ElemType::U64;
-    h.dims = {2};
+    h.dim0 = 2;
     std::memcpy(h.bytes, &seed, 8);
     std::memcpy(h.bytes + 8, &offset, 8);
     p_.key += "G;";
-    p_.host.push_back(h);
+    add_host(h, CallSource{});  // drawn per call: a plan with RNG state is not cached by call
   }
 
+  int num_host() const { return static_cast<int>(c_.host.size()); }
+
  private:
+  int slot_of(const at::Tensor& t, CallSource src) {
+    StorageState* st = &state_of(t);
+    for (size_t i = 0; i < c_.st.size(); ++i)
+      if (c_.st[i] == st) return static_cast<int>(i);
+    Slot s;
+    ElemType e = elem_of(t.scalar_type());
+    if (st->buffer) {
+      if (!same_width(st->elem, e)) {
+        retype_storage(*st, e);
+        if (rec_) rec_->cacheable = false;  // the signature saw the storage's old type
+      }
+      s.elem = st->elem;
+    } else {
+      s.elem = e;
+    }
+    s.numel = static_cast<int64_t>(st->nbytes) / elem_bytes(s.elem);
+    p_.slots.push_back(s);
+    c_.st.push_back(st);
+    if (rec_) rec_->slot_src.push_back(src);
+    return static_cast<int>(p_.slots.size() - 1);
+  }
+
+  void add_host(const HostOperand& h, CallSource src) {
+    p_.host.push_back(h);
+    c_.host.push_back(h);
+    if (rec_) {
+      rec_->host_src.push_back(src);
+      if (src.arg < 0) rec_->cacheable = false;
+    }
+  }
+
   Plan& p_;
+  runtime::Call& c_;
+  PlannedCall* rec_;
   bool flatten_;
+  int device_ = -1;
 };
 
 // bool[N] arguments (output_mask) may arrive as generic lists of bools.
@@ -311,8 +318,9 @@ int64_t rng_elements(const lowering::OpEntry& entry, const std::vector<NamedArg>
 
 // One lowering argument: a device view, a host operand (Python scalar, 0-d CPU tensor, RNG
 // state) or a constant that is part of the key.
-ArgPlan plan_argument(Planner& pl, Plan& plan, const NamedArg& a, int64_t rng_numel,
+ArgPlan plan_argument(Planner& pl, Plan& plan, const NamedArg& a, int arg_index, int64_t rng_numel,
                       const std::vector<at::Tensor>& outs) {
+  const auto src = static_cast<int16_t>(arg_index);
   ArgPlan ap;
   ap.name = a.name;
   Arg& av = ap.value;
@@ -322,7 +330,7 @@ ArgPlan plan_argument(Planner& pl, Plan& plan, const NamedArg& a, int64_t rng_nu
   } else if (a.hint == NamedArg::Hint::Generator) {
     c10::optional<at::Generator> g;
     if (v.isGenerator()) g = v.toGenerator();
-    int dev = std::max(plan.device, 0);
+    int dev = std::max(pl.device(), 0);
     for (const auto& o : outs)
       if (o.defined()) { dev = o.device().index(); break; }
     at::Generator gen = g.has_value() && g->defined() ? *g : default_generator(dev);
@@ -332,7 +340,7 @@ ArgPlan plan_argument(Planner& pl, Plan& plan, const NamedArg& a, int64_t rng_nu
     std::lock_guard<std::mutex> lock(gen.mutex());
     auto [seed, offset] = impl->next(static_cast<uint64_t>(rng_numel + 1));
     av.kind = Arg::Kind::Tensor;
-    ap.host_index.push_back(static_cast<int>(plan.host.size()));
+    ap.host_index.push_back(pl.num_host());
     pl.host_rng(seed, offset);
   } else if (v.isNone()) {
     av.kind = Arg::Kind::None;
@@ -344,34 +352,36 @@ ArgPlan plan_argument(Planner& pl, Plan& plan, const NamedArg& a, int64_t rng_nu
       plan.key += "N;";
     } else if (t.device().type() == kTpu) {
       av.kind = Arg::Kind::Tensor;
-      ap.refs.push_back(pl.ref(t));
+      ap.refs.push_back(pl.ref(t, {src}));
     } else if (is_host_scalar_tensor(t)) {
       av.kind = Arg::Kind::Tensor;
-      ap.host_index.push_back(static_cast<int>(plan.host.size()));
-      pl.host_tensor(t);
+      ap.host_index.push_back(pl.num_host());
+      pl.host_tensor(t, {src});
     } else {
-      int dev = plan.device >= 0 ? plan.device : 0;
+      int dev = std::max(pl.device(), 0);
       TORCH_CHECK(false, "Expected all tensors to be on the same device, but found at least two "
                   "devices, tpu:", dev, " and ", t.device().str(), "!");
     }
   } else if (v.isTensorList() || (v.isList() && !v.isIntList() && !v.isDoubleList() && !is_bool_list(v))) {
     av.kind = v.isTensorList() ? Arg::Kind::TensorList : Arg::Kind::OptTensorList;
     plan.key += "L[";
+    int16_t elem = 0;
     auto add_one = [&](const at::Tensor& t) {
+      const CallSource esrc{src, elem++};
       if (!t.defined()) {
         ap.refs.push_back(std::nullopt);
         ap.list_host.push_back(std::nullopt);
         plan.key += "N;";
       } else if (t.device().type() == kTpu) {
-        ap.refs.push_back(pl.ref(t));
+        ap.refs.push_back(pl.ref(t, esrc));
         ap.list_host.push_back(std::nullopt);
       } else if (is_host_scalar_tensor(t)) {
         ap.refs.push_back(std::nullopt);
-        ap.list_host.push_back(static_cast<int>(plan.host.size()));
-        pl.host_tensor(t);
+        ap.list_host.push_back(pl.num_host());
+        pl.host_tensor(t, esrc);
       } else {
         TORCH_CHECK(false, "Expected all tensors to be on the same device, but found at least "
-                    "two devices, tpu:", std::max(plan.device, 0), " and ", t.device().str(), "!");
+                    "two devices, tpu:", std::max(pl.device(), 0), " and ", t.device().str(), "!");
       }
     };
     if (v.isTensorList()) {
@@ -382,8 +392,15 @@ ArgPlan plan_argument(Planner& pl, Plan& plan, const NamedArg& a, int64_t rng_nu
     plan.key += "];";
   } else if (a.hint == NamedArg::Hint::Scalar || v.isScalar() && a.hint == NamedArg::Hint::Scalar) {
     av.kind = Arg::Kind::Scalar;
-    ap.host_index.push_back(static_cast<int>(plan.host.size()));
-    pl.host_scalar(v.toScalar());
+    const c10::Scalar sc = v.toScalar();
+    if (auto k = small_int_scalar(sc)) {
+      ap.scalar_const = *k;
+      ap.scalar_const_elem = sc.isFloatingPoint() ? ElemType::F64 : ElemType::S64;
+      plan.key += (sc.isFloatingPoint() ? "Sf=" : "Si=") + std::to_string(*k) + ";";
+    } else {
+      ap.host_index.push_back(pl.num_host());
+      pl.host_scalar(sc, {src});
+    }
   } else if (a.hint == NamedArg::Hint::DType) {
     av.kind = Arg::Kind::DType;
     av.dtype = elem_of(static_cast<c10::ScalarType>(v.toInt()));
@@ -425,13 +442,14 @@ ArgPlan plan_argument(Planner& pl, Plan& plan, const NamedArg& a, int64_t rng_nu
 void plan_outputs(Planner& pl, Plan& plan, const std::vector<at::Tensor>& outs, c10::ScalarType common) {
   std::vector<TensorRef>& out_refs = plan.outs;
   plan.key += "->";
-  for (const auto& o : outs) {
+  for (size_t i = 0; i < outs.size(); ++i) {
+    const at::Tensor& o = outs[i];
     if (!o.defined()) {  // an output the caller did not ask for
       out_refs.push_back(TensorRef{-1});
       plan.key += "U;";
       continue;
     }
-    TensorRef r = pl.ref(o);
+    TensorRef r = pl.ref(o, CallSource{static_cast<int16_t>(i), -1, true});
     Slot& s = plan.slots[r.slot];
     s.written = true;
     if (!r.view.covers(s.numel)) s.read = true;
@@ -439,7 +457,6 @@ void plan_outputs(Planner& pl, Plan& plan, const std::vector<at::Tensor>& outs, 
   }
   plan.key += "|c";
   plan.key += std::to_string(static_cast<int>(common));
-  if (plan.device < 0) plan.device = 0;
   // Input slots are read.
   for (const auto& ap : plan.args)
     for (const auto& r : ap.refs)
@@ -464,12 +481,14 @@ void materialize(const at::Tensor& t) {
 
 void run_lowering(const std::string& name, const std::string& overload,
                   const lowering::OpEntry& entry, const std::vector<NamedArg>& args,
-                  const std::vector<at::Tensor>& outs, c10::ScalarType common) {
+                  const std::vector<at::Tensor>& outs, c10::ScalarType common, PlannedCall* record) {
   const bool flatten = flattenable(entry, args, outs);
-  Plan plan;
+  auto plan_ptr = std::make_shared<Plan>();
+  Plan& plan = *plan_ptr;
   plan.entry = &entry;
   plan.name = name;
   plan.overload = overload;
+  plan.what = "aten::" + name + (overload.empty() ? "" : "." + overload);
   plan.common = elem_of(common);
   plan.flattened = flatten;
   plan.precision = matmul_precision();
@@ -480,7 +499,8 @@ void run_lowering(const std::string& name, const std::string& overload,
   plan.key += flatten ? "|F" : "|";
   plan.key += static_cast<char>('0' + static_cast<int>(plan.precision));
   plan.key += '|';
-  Planner pl(plan, flatten);
+  runtime::Call call;
+  Planner pl(plan, call, record, flatten);
 
   // Random ops without a Generator argument (native_dropout) still draw from the device's.
   std::vector<const NamedArg*> all_args;
@@ -493,14 +513,67 @@ void run_lowering(const std::string& name, const std::string& overload,
 
   const int64_t rng_numel = rng_elements(entry, args, outs);
   plan.args.reserve(all_args.size());
-  for (const NamedArg* a : all_args) plan.args.push_back(plan_argument(pl, plan, *a, rng_numel, outs));
+  for (size_t j = 0; j < all_args.size(); ++j)
+    plan.args.push_back(plan_argument(pl, plan, *all_args[j], static_cast<int>(j), rng_numel, outs));
   plan_outputs(pl, plan, outs, common);
-  plan.miss_reason = [&] { return compile_reason(plan.what(), describe_call(all_args, outs), flatten); };
+  call.device = std::max(pl.device(), 0);
+  call.plan = plan_ptr;
+  runtime::ProgramPtr program;
+  execute_call(call, &program,
+               [&] { return compile_reason(plan.what, describe_call(all_args, outs), flatten); });
+  if (record) {
+    record->plan = std::move(plan_ptr);
+    record->program = std::move(program);
+    record->device = call.device;
+  }
+}
+
+void execute_call(const runtime::Call& call, runtime::ProgramPtr* program, const runtime::MissReason& why) {
   try {
-    runtime::execute(plan);
+    runtime::execute(call, program, why);
   } catch (const runtime::DeviceCheckError& e) {  // debug eager raises at the op
     throw_device_check(e.kind, e.what());
   }
+}
+
+std::optional<int64_t> small_int_scalar(const c10::Scalar& sc) {
+  if (sc.isFloatingPoint()) {
+    double d = sc.toDouble();
+    if (d == -1.0 || d == 0.0 || d == 1.0 || d == 2.0) {
+      if (d == 0.0 && std::signbit(d)) return std::nullopt;  // -0.0 stays an operand
+      return static_cast<int64_t>(d);
+    }
+  } else if (sc.isIntegral(false)) {
+    int64_t i = sc.toLong();
+    if (i >= -1 && i <= 2) return i;
+  }
+  return std::nullopt;
+}
+
+runtime::HostOperand host_operand(const c10::Scalar& sc) {
+  HostOperand h{};
+  if (sc.isFloatingPoint()) {
+    h.elem = ElemType::F64;
+    double v = sc.toDouble();
+    std::memcpy(h.bytes, &v, 8);
+  } else if (sc.isBoolean()) {
+    h.elem = ElemType::Pred;
+    h.bytes[0] = sc.toBool() ? 1 : 0;
+  } else if (sc.isIntegral(false)) {
+    h.elem = ElemType::S64;
+    int64_t v = sc.toLong();
+    std::memcpy(h.bytes, &v, 8);
+  } else {
+    throw lowering::Unsupported("complex scalars are not supported on tpu");
+  }
+  return h;
+}
+
+runtime::HostOperand host_operand(const at::Tensor& t) {
+  HostOperand h{};
+  h.elem = elem_of(t.scalar_type());
+  std::memcpy(h.bytes, t.data_ptr(), t.element_size());
+  return h;
 }
 
 }  // namespace tpu::aten

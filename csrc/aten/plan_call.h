@@ -5,6 +5,7 @@
 #include <ATen/core/Tensor.h>
 #include <ATen/core/ivalue.h>
 
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -22,11 +23,41 @@ struct NamedArg {
   Hint hint = Hint::Auto;
 };
 
+// Where a slot's storage or a host operand's value came from in a boxed call: argument `arg`
+// (element `elem` of a list argument), or output `arg` when `out`; arg -1: neither (RNG state).
+struct CallSource {
+  int16_t arg = -1;
+  int16_t elem = -1;
+  bool out = false;
+};
+
+// What run_lowering planned and launched, for the dispatch cache (aten/dispatch_cache.h).
+struct PlannedCall {
+  std::shared_ptr<const runtime::Plan> plan;
+  runtime::ProgramPtr program;  // strict eager: the program launched
+  std::vector<CallSource> slot_src, host_src;
+  int device = 0;
+  bool cacheable = true;  // false: a host operand is not an argument's value (RNG state)
+};
+
 // Runs lowering `name` writing its results into `outs` (tpu tensors, any views). `common` is
 // PyTorch's result type for the call. Throws lowering::Unsupported when the lowering refuses.
+// `record`, when given, receives the plan and where its slots and host operands came from.
 void run_lowering(const std::string& name, const std::string& overload,
                   const lowering::OpEntry& entry, const std::vector<NamedArg>& args,
-                  const std::vector<at::Tensor>& outs, c10::ScalarType common);
+                  const std::vector<at::Tensor>& outs, c10::ScalarType common,
+                  PlannedCall* record = nullptr);
+
+// Launches (or records, in fused eager) a bound plan; device-check failures of debug eager
+// become PyTorch's exception types.
+void execute_call(const runtime::Call& call, runtime::ProgramPtr* program, const runtime::MissReason& why);
+
+// A Python scalar the plan bakes in as a constant (ArgPlan::scalar_const): -1, 0, 1 or 2.
+std::optional<int64_t> small_int_scalar(const c10::Scalar& sc);
+
+// Host operand values: a Python scalar (complex: lowering::Unsupported) or a 0-d CPU tensor.
+runtime::HostOperand host_operand(const c10::Scalar& sc);
+runtime::HostOperand host_operand(const at::Tensor& t);
 
 // Makes sure the storage has a device buffer (zeros when never written) and returns it.
 void materialize(const at::Tensor& t);

@@ -1,10 +1,12 @@
 // torch.profiler side of runtime/profiler.h: ranges are at::RecordFunction (USER_SCOPE), so they
-// nest under record_function() and appear in key_averages() and the chrome trace; intervals
-// measured elsewhere (compiles, device time from PJRT completion events) go through Kineto's
-// backend-event entry point, which takes explicit start/end times. Device intervals are recorded
-// by one helper thread running under the caller's thread-local state (the profiler state travels
-// in it, as for at::launch), so they form their own row instead of overlapping the host ranges
-// of the launching thread.
+// nest under record_function() and appear in key_averages() and the chrome trace; compile
+// intervals (measured elsewhere) go through Kineto's backend-event entry point, which takes
+// explicit start/end times. Device time from PJRT completion events goes to the tpu's Kineto
+// activity profiler (aten/profiler_kineto.cc) when the profile asked for
+// ProfilerActivity.PrivateUse1: real device activities, counted as the launching op's device
+// time. Otherwise (a CPU-only profile) they are recorded by one helper thread running under the
+// caller's thread-local state (the profiler state travels in it, as for at::launch), so they form
+// their own row instead of overlapping the host ranges of the launching thread.
 #include <ATen/ThreadLocalState.h>
 #include <ATen/record_function.h>
 #include <torch/csrc/autograd/profiler_kineto.h>
@@ -14,9 +16,9 @@
 #include <memory>
 #include <mutex>
 #include <thread>
-#include <tuple>
 #include <vector>
 
+#include "aten/profiler_kineto.h"
 #include "runtime/profiler.h"
 
 namespace tpu::aten {
@@ -38,7 +40,7 @@ void interval(int64_t start_us, int64_t end_us, const std::string& name) {
                                                                       at::RecordScope::USER_SCOPE, name, "tpu");
 }
 
-using Events = std::vector<std::tuple<int64_t, int64_t, std::string>>;
+using Events = std::vector<runtime::prof::DeviceEvent>;
 
 // The device row: one thread that records each batch under the caller's thread-local state.
 // The caller waits for its batch (the state and events are borrowed).
@@ -62,7 +64,7 @@ class DeviceRow {
       cv_.wait(lock, [this] { return batch_ != nullptr; });
       try {
         at::ThreadLocalStateGuard guard(*tls_);
-        for (const auto& [s, e, name] : *batch_) interval(s, e, name);
+        for (const auto& e : *batch_) interval(e.start_us, e.end_us, "tpu::device " + e.what);
       } catch (const std::exception&) {
         // Never take the process down for a profiler row; the events are dropped.
       }
@@ -79,12 +81,16 @@ class DeviceRow {
 };
 
 void device(const Events& ev) {
+  if (kineto::session_active()) {
+    kineto::add(ev);
+    return;
+  }
   static DeviceRow* row = std::make_unique<DeviceRow>().release();  // thread lives to exit
   row->record(ev);
 }
 
 const bool installed = [] {
-  runtime::prof::install({&active, &begin, &end, &interval, &device});
+  runtime::prof::install({&active, &begin, &end, &interval, &kineto::current_correlation, &device});
   return true;
 }();
 

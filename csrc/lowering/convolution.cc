@@ -200,7 +200,7 @@ Value conv_weight_grad(Builder& b, Value x, Value dy, const Params& p, const Sha
 }
 
 // Brings v [N, C, s...] to spatial sizes `target` (cropping or zero padding at the end).
-Value fit(Builder& b, Value v, const Shape& target) {
+Value fit_spatial(Builder& b, Value v, const Shape& target) {
   bool same = true;
   for (size_t i = 0; i < target.size(); ++i) same = same && v.shape()[2 + i] == target[i];
   if (same) return v;
@@ -226,7 +226,7 @@ std::vector<Value> lower_conv(Builder& b, const OpCall& c) {
   w = b.convert(w, t);
   Shape target(o.shape.begin() + 2, o.shape.end());
   Value y = p.transposed ? conv_transposed(b, x, w, p, target) : conv_forward(b, x, w, p);
-  y = fit(b, y, target);
+  y = fit_spatial(b, y, target);
   if (c.has("bias")) {
     Value bias = b.convert(c.tensor("bias"), t);
     y = b.add(y, b.broadcast_in_dim(bias, y.shape(), {1}));
@@ -252,7 +252,7 @@ std::vector<Value> lower_conv_backward(Builder& b, const OpCall& c) {
   // grad_input
   if (mask[0]) {
     Value gi = p.transposed ? conv_forward(b, dy, w, p) : conv_transposed(b, dy, w, p, xs);
-    res.push_back(fit(b, gi, xs));
+    res.push_back(fit_spatial(b, gi, xs));
   } else {
     res.push_back(b.zeros(Type{t, {}}));
   }

@@ -3,29 +3,9 @@
 #include <cmath>
 #include <vector>
 
+#include "elementwise_math.h"
 #include "lowering.h"
 
-namespace tpu::lowering::ew {  // defined in elementwise_unary.cc
-Value k(Builder& b, double v, const Value& like);
-Value lt(Builder& b, Value x, Value y);
-Value le(Builder& b, Value x, Value y);
-Value gt(Builder& b, Value x, Value y);
-Value ge(Builder& b, Value x, Value y);
-Value eq(Builder& b, Value x, Value y);
-Value ne(Builder& b, Value x, Value y);
-Value isnan(Builder& b, Value x);
-Value isinf(Builder& b, Value x);
-Value nan_max(Builder& b, Value x, Value y);
-Value nan_min(Builder& b, Value x, Value y);
-ElemType float_type(const OpCall& c);
-Value in(Builder& b, const OpCall& c, const char* name, ElemType t);
-Value signbit(Builder& b, Value x);
-Value erf(Builder& b, Value x);
-Value tanh(Builder& b, Value x);
-Value log1p(Builder& b, Value x);
-Value sigmoid(Builder& b, Value x);
-Value trunc(Builder& b, Value x);
-}  // namespace tpu::lowering::ew
 
 namespace tpu::lowering {
 namespace {
@@ -39,14 +19,14 @@ Value zero(Builder& b, const Value& like) { return b.zeros(like.type); }
 Value add_scaled(Builder& b, const OpCall& c, Value x, Value y) {
   ElemType t = x.elem();
   if (c.has("alpha")) {
-    Value alpha = in(b, c, "alpha", t);
+    Value alpha = input_as(b, c, "alpha", t);
     y = t == ElemType::Pred ? b.and_(y, alpha) : b.mul(y, alpha);
   }
   return t == ElemType::Pred ? b.or_(x, y) : b.add(x, y);
 }
 Value sub_scaled(Builder& b, const OpCall& c, Value x, Value y) {
   if (x.elem() == ElemType::Pred) throw Unsupported("subtraction of bool tensors");
-  if (c.has("alpha")) y = b.mul(y, in(b, c, "alpha", x.elem()));
+  if (c.has("alpha")) y = b.mul(y, input_as(b, c, "alpha", x.elem()));
   return b.sub(x, y);
 }
 
@@ -58,18 +38,18 @@ Value floor_div(Builder& b, Value a, Value d) {
     Value r = b.rem(a, d);
     Value z = zero(b, a);
     Value adjust = b.and_(ne(b, r, z), ne(b, lt(b, r, z), lt(b, d, z)));
-    return b.select(adjust, b.sub(q, k(b, 1, q)), q);
+    return b.select(adjust, b.sub(q, like_const(b, 1, q)), q);
   }
   Value mod = b.rem(a, d);
   Value z = zero(b, a);
   Value div = b.div(b.sub(a, mod), d);
   Value adjust = b.and_(ne(b, mod, z), ne(b, lt(b, d, z), lt(b, mod, z)));
-  div = b.select(adjust, b.sub(div, k(b, 1, div)), div);
+  div = b.select(adjust, b.sub(div, like_const(b, 1, div)), div);
   Value fl = b.floor(div);
-  fl = b.select(gt(b, b.sub(div, fl), k(b, 0.5, div)), b.add(fl, k(b, 1, fl)), fl);
+  fl = b.select(gt(b, b.sub(div, fl), like_const(b, 0.5, div)), b.add(fl, like_const(b, 1, fl)), fl);
   Value q = b.div(a, d);
   // div == 0: copysign(0, a / b)
-  Value signed_zero = b.select(signbit(b, q), k(b, -0.0, q), z);
+  Value signed_zero = b.select(signbit(b, q), like_const(b, -0.0, q), z);
   Value r = b.select(eq(b, div, z), signed_zero, fl);
   return b.select(eq(b, d, z), q, r);
 }
@@ -84,43 +64,43 @@ Value py_rem(Builder& b, Value a, Value d) {
 
 std::vector<Value> compare_op(Builder& b, const OpCall& c, Cmp dir) {
   // Compare in the common dtype (a Python scalar is rounded to it first, like PyTorch).
-  Value x = in(b, c, "self", c.common), y = in(b, c, "other", c.common);
+  Value x = input_as(b, c, "self", c.common), y = input_as(b, c, "other", c.common);
   return {b.compare(dir, x, y)};
 }
 std::vector<Value> logical_op(Builder& b, const OpCall& c, const char* op) {
-  Value x = in(b, c, "self", ElemType::Pred), y = in(b, c, "other", ElemType::Pred);
+  Value x = input_as(b, c, "self", ElemType::Pred), y = input_as(b, c, "other", ElemType::Pred);
   return {b.binary(op, x, y)};
 }
 std::vector<Value> bitwise_op(Builder& b, const OpCall& c, const char* op) {
   if (is_float(c.common)) throw Unsupported("bitwise op on a float tensor");
-  Value x = in(b, c, "self", c.common), y = in(b, c, "other", c.common);
+  Value x = input_as(b, c, "self", c.common), y = input_as(b, c, "other", c.common);
   return {b.binary(op, x, y)};
 }
 std::vector<Value> shift_op(Builder& b, const OpCall& c, bool left) {
   if (!is_integral(c.common)) throw Unsupported("shift of a non-integer tensor");
-  Value x = in(b, c, "self", c.common), y = in(b, c, "other", c.common);
+  Value x = input_as(b, c, "self", c.common), y = input_as(b, c, "other", c.common);
   int bits = bit_width(c.common);
   bool uns = is_unsigned(c.common);
-  Value out_of_range = b.or_(lt(b, y, zero(b, y)), ge(b, y, k(b, bits, y)));
+  Value out_of_range = b.or_(lt(b, y, zero(b, y)), ge(b, y, like_const(b, bits, y)));
   if (left) return {b.select(out_of_range, zero(b, x), b.binary("shift_left", x, y))};
   if (uns) return {b.select(out_of_range, zero(b, x), b.binary("shift_right_logical", x, y))};
-  Value amt = b.select(out_of_range, k(b, bits - 1, y), y);
+  Value amt = b.select(out_of_range, like_const(b, bits - 1, y), y);
   return {b.binary("shift_right_arithmetic", x, amt)};
 }
 // Integer power via stablehlo.power, with PyTorch's results for negative exponents.
 Value int_pow(Builder& b, Value x, Value y) {
   Value r = b.pow(x, y);
   if (is_unsigned(x.elem())) return r;
-  Value one = k(b, 1, x), z = zero(b, x);
+  Value one = like_const(b, 1, x), z = zero(b, x);
   Value odd = ne(b, b.and_(y, one), z);
   Value neg_result = b.select(eq(b, x, one), one,
-                              b.select(eq(b, x, k(b, -1, x)), b.select(odd, k(b, -1, x), one), z));
+                              b.select(eq(b, x, like_const(b, -1, x)), b.select(odd, like_const(b, -1, x), one), z));
   return b.select(lt(b, y, z), neg_result, r);
 }
 std::vector<Value> clamp_impl(Builder& b, const OpCall& c, const char* lo, const char* hi) {
-  Value x = in(b, c, "self", arith(c));
-  if (lo && c.has(lo)) x = nan_max(b, x, in(b, c, lo, x.elem()));
-  if (hi && c.has(hi)) x = nan_min(b, x, in(b, c, hi, x.elem()));
+  Value x = input_as(b, c, "self", arith(c));
+  if (lo && c.has(lo)) x = nan_max(b, x, input_as(b, c, lo, x.elem()));
+  if (hi && c.has(hi)) x = nan_min(b, x, input_as(b, c, hi, x.elem()));
   return {x};
 }
 
@@ -129,30 +109,30 @@ std::vector<Value> clamp_impl(Builder& b, const OpCall& c, const char* lo, const
 // ------------------------------------------------------------------ arithmetic
 TPU_LOWER_ELEMENTWISE(add) {
   ElemType t = arith(c);
-  return {add_scaled(b, c, in(b, c, "self", t), in(b, c, "other", t))};
+  return {add_scaled(b, c, input_as(b, c, "self", t), input_as(b, c, "other", t))};
 }
 TPU_LOWER_ELEMENTWISE(sub) {
   ElemType t = arith(c);
-  return {sub_scaled(b, c, in(b, c, "self", t), in(b, c, "other", t))};
+  return {sub_scaled(b, c, input_as(b, c, "self", t), input_as(b, c, "other", t))};
 }
 TPU_LOWER_ELEMENTWISE(rsub) {
   ElemType t = arith(c);
-  return {sub_scaled(b, c, in(b, c, "other", t), in(b, c, "self", t))};
+  return {sub_scaled(b, c, input_as(b, c, "other", t), input_as(b, c, "self", t))};
 }
 TPU_LOWER_ELEMENTWISE(mul) {
   ElemType t = arith(c);
-  Value x = in(b, c, "self", t), y = in(b, c, "other", t);
+  Value x = input_as(b, c, "self", t), y = input_as(b, c, "other", t);
   return {t == ElemType::Pred ? b.and_(x, y) : b.mul(x, y)};
 }
 TPU_LOWER_ELEMENTWISE(div) {
   std::string mode = c.str("rounding_mode", "");
   if (mode.empty()) {
     ElemType t = float_type(c);
-    return {b.div(in(b, c, "self", t), in(b, c, "other", t))};
+    return {b.div(input_as(b, c, "self", t), input_as(b, c, "other", t))};
   }
   ElemType t = arith(c);
   if (t == ElemType::Pred) throw Unsupported("div with rounding_mode on bool");
-  Value x = in(b, c, "self", t), y = in(b, c, "other", t);
+  Value x = input_as(b, c, "self", t), y = input_as(b, c, "other", t);
   if (mode == "floor") return {floor_div(b, x, y)};
   if (mode != "trunc") throw Unsupported("div: rounding_mode=" + mode);
   return {is_float(t) ? ew::trunc(b, b.div(x, y)) : b.div(x, y)};
@@ -160,95 +140,95 @@ TPU_LOWER_ELEMENTWISE(div) {
 TPU_LOWER_ELEMENTWISE(floor_divide) {
   ElemType t = arith(c);
   if (t == ElemType::Pred) throw Unsupported("floor_divide on bool");
-  return {floor_div(b, in(b, c, "self", t), in(b, c, "other", t))};
+  return {floor_div(b, input_as(b, c, "self", t), input_as(b, c, "other", t))};
 }
 TPU_LOWER_ELEMENTWISE(remainder) {
   ElemType t = arith(c);
   if (t == ElemType::Pred) throw Unsupported("remainder on bool");
-  return {py_rem(b, in(b, c, "self", t), in(b, c, "other", t))};
+  return {py_rem(b, input_as(b, c, "self", t), input_as(b, c, "other", t))};
 }
 TPU_LOWER_ELEMENTWISE(fmod) {
   ElemType t = arith(c);
   if (t == ElemType::Pred) throw Unsupported("fmod on bool");
-  return {b.rem(in(b, c, "self", t), in(b, c, "other", t))};
+  return {b.rem(input_as(b, c, "self", t), input_as(b, c, "other", t))};
 }
 TPU_LOWER_ELEMENTWISE(pow) {
   ElemType t = arith(c);
   if (t == ElemType::Pred) throw Unsupported("pow on bool");
-  Value x = in(b, c, "self", t), y = in(b, c, "exponent", t);
+  Value x = input_as(b, c, "self", t), y = input_as(b, c, "exponent", t);
   return {is_float(t) ? b.pow(x, y) : int_pow(b, x, y)};
 }
 TPU_LOWER_ELEMENTWISE(atan2) {
   ElemType t = float_type(c);
-  return {b.binary("atan2", in(b, c, "self", t), in(b, c, "other", t))};
+  return {b.binary("atan2", input_as(b, c, "self", t), input_as(b, c, "other", t))};
 }
 TPU_LOWER_ELEMENTWISE(hypot) {
   ElemType t = float_type(c);
-  Value x = b.abs(in(b, c, "self", t)), y = b.abs(in(b, c, "other", t));
+  Value x = b.abs(input_as(b, c, "self", t)), y = b.abs(input_as(b, c, "other", t));
   Value m = b.max(x, y), n = b.min(x, y);
   Value r = b.div(n, m);
-  Value h = b.mul(m, b.sqrt(b.add(k(b, 1, r), b.mul(r, r))));
+  Value h = b.mul(m, b.sqrt(b.add(like_const(b, 1, r), b.mul(r, r))));
   h = b.select(eq(b, m, zero(b, m)), zero(b, m), h);
-  h = b.select(b.or_(isnan(b, x), isnan(b, y)), k(b, NAN, h), h);
-  return {b.select(b.or_(isinf(b, x), isinf(b, y)), k(b, INFINITY, h), h)};
+  h = b.select(b.or_(isnan(b, x), isnan(b, y)), like_const(b, NAN, h), h);
+  return {b.select(b.or_(isinf(b, x), isinf(b, y)), like_const(b, INFINITY, h), h)};
 }
 TPU_LOWER_ELEMENTWISE(copysign) {
   ElemType t = float_type(c);
-  Value x = b.abs(in(b, c, "self", t)), y = in(b, c, "other", t);
+  Value x = b.abs(input_as(b, c, "self", t)), y = input_as(b, c, "other", t);
   return {b.select(signbit(b, y), b.neg(x), x)};
 }
 TPU_LOWER_ELEMENTWISE(xlogy) {
   ElemType t = float_type(c);
-  Value x = in(b, c, "self", t), y = in(b, c, "other", t);
+  Value x = input_as(b, c, "self", t), y = input_as(b, c, "other", t);
   Value r = b.select(eq(b, x, zero(b, x)), zero(b, x), b.mul(x, b.log(y)));
   return {b.select(isnan(b, y), y, r)};
 }
 TPU_LOWER_ELEMENTWISE(maximum) {
   ElemType t = arith(c);
-  return {nan_max(b, in(b, c, "self", t), in(b, c, "other", t))};
+  return {nan_max(b, input_as(b, c, "self", t), input_as(b, c, "other", t))};
 }
 TPU_LOWER_ELEMENTWISE(minimum) {
   ElemType t = arith(c);
-  return {nan_min(b, in(b, c, "self", t), in(b, c, "other", t))};
+  return {nan_min(b, input_as(b, c, "self", t), input_as(b, c, "other", t))};
 }
 TPU_LOWER_ELEMENTWISE(fmax) {
   ElemType t = arith(c);
-  Value x = in(b, c, "self", t), y = in(b, c, "other", t);
+  Value x = input_as(b, c, "self", t), y = input_as(b, c, "other", t);
   return {b.select(isnan(b, x), y, b.select(isnan(b, y), x, b.max(x, y)))};
 }
 TPU_LOWER_ELEMENTWISE(fmin) {
   ElemType t = arith(c);
-  Value x = in(b, c, "self", t), y = in(b, c, "other", t);
+  Value x = input_as(b, c, "self", t), y = input_as(b, c, "other", t);
   return {b.select(isnan(b, x), y, b.select(isnan(b, y), x, b.min(x, y)))};
 }
 TPU_LOWER_ELEMENTWISE(lerp) {
   ElemType t = arith(c);
-  Value s = in(b, c, "self", t), e = in(b, c, "end", t), w = in(b, c, "weight", t);
+  Value s = input_as(b, c, "self", t), e = input_as(b, c, "end", t), w = input_as(b, c, "weight", t);
   Value d = b.sub(e, s);
   Value small = b.add(s, b.mul(w, d));
-  Value large = b.sub(e, b.mul(d, b.sub(k(b, 1, w), w)));
-  return {b.select(lt(b, b.abs(w), k(b, 0.5, w)), small, large)};
+  Value large = b.sub(e, b.mul(d, b.sub(like_const(b, 1, w), w)));
+  return {b.select(lt(b, b.abs(w), like_const(b, 0.5, w)), small, large)};
 }
 TPU_LOWER_ELEMENTWISE(addcmul) {
   ElemType t = arith(c);
-  Value v = in(b, c, "value", t);
+  Value v = input_as(b, c, "value", t);
   Value p = t == ElemType::Pred
-                ? b.and_(b.and_(v, in(b, c, "tensor1", t)), in(b, c, "tensor2", t))
-                : b.mul(b.mul(v, in(b, c, "tensor1", t)), in(b, c, "tensor2", t));
-  Value s = in(b, c, "self", t);
+                ? b.and_(b.and_(v, input_as(b, c, "tensor1", t)), input_as(b, c, "tensor2", t))
+                : b.mul(b.mul(v, input_as(b, c, "tensor1", t)), input_as(b, c, "tensor2", t));
+  Value s = input_as(b, c, "self", t);
   return {t == ElemType::Pred ? b.or_(s, p) : b.add(s, p)};
 }
 TPU_LOWER_ELEMENTWISE(addcdiv) {
   ElemType t = arith(c);
   if (!is_float(t)) throw Unsupported("addcdiv on integer tensors");
-  Value q = b.div(b.mul(in(b, c, "value", t), in(b, c, "tensor1", t)), in(b, c, "tensor2", t));
-  return {b.add(in(b, c, "self", t), q)};
+  Value q = b.div(b.mul(input_as(b, c, "value", t), input_as(b, c, "tensor1", t)), input_as(b, c, "tensor2", t));
+  return {b.add(input_as(b, c, "self", t), q)};
 }
 TPU_LOWER_ELEMENTWISE(where) {
   if (!c.has("self")) throw Unsupported("where(condition) is not pointwise");
   ElemType t = c.common;
-  Value cond = in(b, c, "condition", ElemType::Pred);
-  return {b.select(cond, in(b, c, "self", t), in(b, c, "other", t))};
+  Value cond = input_as(b, c, "condition", ElemType::Pred);
+  return {b.select(cond, input_as(b, c, "self", t), input_as(b, c, "other", t))};
 }
 TPU_LOWER_ELEMENTWISE(clamp) { return clamp_impl(b, c, "min", "max"); }
 TPU_LOWER_ELEMENTWISE(clamp_min) { return clamp_impl(b, c, "min", nullptr); }
@@ -256,10 +236,10 @@ TPU_LOWER_ELEMENTWISE(clamp_max) { return clamp_impl(b, c, nullptr, "max"); }
 
 static Value logaddexp_impl(Builder& b, const OpCall& c, bool base2) {
   ElemType t = float_type(c);
-  Value x = in(b, c, "self", t), y = in(b, c, "other", t);
+  Value x = input_as(b, c, "self", t), y = input_as(b, c, "other", t);
   Value m = b.max(x, y);
   Value d = b.neg(b.abs(b.sub(x, y)));
-  Value r = base2 ? b.add(m, b.mul(log1p(b, b.pow(k(b, 2, d), d)), k(b, 1.0 / M_LN2, d)))
+  Value r = base2 ? b.add(m, b.mul(log1p(b, b.pow(like_const(b, 2, d), d)), like_const(b, 1.0 / M_LN2, d)))
                   : b.add(m, log1p(b, b.exp(d)));
   return b.select(b.and_(isinf(b, x), eq(b, x, y)), x, r);
 }
@@ -287,71 +267,71 @@ TPU_LOWER_ELEMENTWISE(__rshift__) { return shift_op(b, c, false); }
 // ------------------------------------------------------------------ activations with scalars
 TPU_LOWER_ELEMENTWISE(threshold) {
   ElemType t = arith(c);
-  Value x = in(b, c, "self", t);
-  return {b.select(le(b, x, in(b, c, "threshold", t)), in(b, c, "value", t), x)};
+  Value x = input_as(b, c, "self", t);
+  return {b.select(le(b, x, input_as(b, c, "threshold", t)), input_as(b, c, "value", t), x)};
 }
 
 // ------------------------------------------------------------------ backwards
 TPU_LOWER_ELEMENTWISE(threshold_backward) {
   ElemType t = arith(c);
-  Value g = in(b, c, "grad_output", t), x = in(b, c, "self", t);
-  return {b.select(le(b, x, in(b, c, "threshold", t)), zero(b, g), g)};
+  Value g = input_as(b, c, "grad_output", t), x = input_as(b, c, "self", t);
+  return {b.select(le(b, x, input_as(b, c, "threshold", t)), zero(b, g), g)};
 }
 TPU_LOWER_ELEMENTWISE(sigmoid_backward) {
   ElemType t = arith(c);
-  Value g = in(b, c, "grad_output", t), y = in(b, c, "output", t);
-  return {b.mul(b.mul(g, b.sub(k(b, 1, y), y)), y)};
+  Value g = input_as(b, c, "grad_output", t), y = input_as(b, c, "output", t);
+  return {b.mul(b.mul(g, b.sub(like_const(b, 1, y), y)), y)};
 }
 TPU_LOWER_ELEMENTWISE(tanh_backward) {
   ElemType t = arith(c);
-  Value g = in(b, c, "grad_output", t), y = in(b, c, "output", t);
-  return {b.mul(g, b.sub(k(b, 1, y), b.mul(y, y)))};
+  Value g = input_as(b, c, "grad_output", t), y = input_as(b, c, "output", t);
+  return {b.mul(g, b.sub(like_const(b, 1, y), b.mul(y, y)))};
 }
 TPU_LOWER_ELEMENTWISE(gelu_backward) {
   ElemType t = arith(c);
-  Value g = in(b, c, "grad_output", t), x = in(b, c, "self", t);
+  Value g = input_as(b, c, "grad_output", t), x = input_as(b, c, "self", t);
   std::string mode = c.str("approximate", "none");
   if (mode == "tanh") {
     constexpr double kBeta = 0.797884560802865355879892119868763737;  // sqrt(2/pi)
     constexpr double kKappa = 0.044715;
     Value x2 = b.mul(x, x);
-    Value inner = b.mul(k(b, kBeta, x), b.add(x, b.mul(k(b, kKappa, x), b.mul(x2, x))));
+    Value inner = b.mul(like_const(b, kBeta, x), b.add(x, b.mul(like_const(b, kKappa, x), b.mul(x2, x))));
     Value th = tanh(b, inner);
-    Value left = b.mul(k(b, 0.5, x), x);
-    Value left_d = b.mul(k(b, 0.5, x), b.add(k(b, 1, x), th));
-    Value tanh_d = b.sub(k(b, 1, x), b.mul(th, th));
-    Value inner_d = b.mul(k(b, kBeta, x), b.add(k(b, 1, x), b.mul(k(b, 3 * kKappa, x), x2)));
+    Value left = b.mul(like_const(b, 0.5, x), x);
+    Value left_d = b.mul(like_const(b, 0.5, x), b.add(like_const(b, 1, x), th));
+    Value tanh_d = b.sub(like_const(b, 1, x), b.mul(th, th));
+    Value inner_d = b.mul(like_const(b, kBeta, x), b.add(like_const(b, 1, x), b.mul(like_const(b, 3 * kKappa, x), x2)));
     return {b.mul(g, b.add(left_d, b.mul(b.mul(left, tanh_d), inner_d)))};
   }
   if (mode != "none") throw Unsupported("gelu_backward: approximate=" + mode);
   constexpr double kAlpha = 0.707106781186547524400844362104849039;  // 1/sqrt(2)
   constexpr double kBeta = 0.398942280401432677939946059934381868;   // 1/sqrt(2 pi)
-  Value cdf = b.mul(k(b, 0.5, x), b.add(k(b, 1, x), erf(b, b.mul(x, k(b, kAlpha, x)))));
-  Value pdf = b.mul(b.exp(b.mul(k(b, -0.5, x), b.mul(x, x))), k(b, kBeta, x));
+  Value cdf = b.mul(like_const(b, 0.5, x), b.add(like_const(b, 1, x), erf(b, b.mul(x, like_const(b, kAlpha, x)))));
+  Value pdf = b.mul(b.exp(b.mul(like_const(b, -0.5, x), b.mul(x, x))), like_const(b, kBeta, x));
   return {b.mul(g, b.add(cdf, b.mul(x, pdf)))};
 }
 TPU_LOWER_ELEMENTWISE(silu_backward) {
   ElemType t = arith(c);
-  Value g = in(b, c, "grad_output", t), x = in(b, c, "self", t);
+  Value g = input_as(b, c, "grad_output", t), x = input_as(b, c, "self", t);
   Value s = sigmoid(b, x);
-  return {b.mul(b.mul(g, s), b.add(k(b, 1, x), b.mul(x, b.sub(k(b, 1, s), s))))};
+  return {b.mul(b.mul(g, s), b.add(like_const(b, 1, x), b.mul(x, b.sub(like_const(b, 1, s), s))))};
 }
 TPU_LOWER_ELEMENTWISE(hardtanh_backward) {
   ElemType t = arith(c);
-  Value g = in(b, c, "grad_output", t), x = in(b, c, "self", t);
-  Value out = b.or_(le(b, x, in(b, c, "min_val", t)), ge(b, x, in(b, c, "max_val", t)));
+  Value g = input_as(b, c, "grad_output", t), x = input_as(b, c, "self", t);
+  Value out = b.or_(le(b, x, input_as(b, c, "min_val", t)), ge(b, x, input_as(b, c, "max_val", t)));
   return {b.select(out, zero(b, g), g)};
 }
 TPU_LOWER_ELEMENTWISE(leaky_relu_backward) {
   ElemType t = arith(c);
-  Value g = in(b, c, "grad_output", t), x = in(b, c, "self", t);
-  return {b.select(gt(b, x, zero(b, x)), g, b.mul(g, in(b, c, "negative_slope", t)))};
+  Value g = input_as(b, c, "grad_output", t), x = input_as(b, c, "self", t);
+  return {b.select(gt(b, x, zero(b, x)), g, b.mul(g, input_as(b, c, "negative_slope", t)))};
 }
 TPU_LOWER_ELEMENTWISE(elu_backward) {
   ElemType t = arith(c);
-  Value g = in(b, c, "grad_output", t), y = in(b, c, "self_or_result", t);
-  Value negcoef = b.mul(in(b, c, "alpha", t), in(b, c, "scale", t));
-  Value poscoef = in(b, c, "scale", t), negip = in(b, c, "input_scale", t);
+  Value g = input_as(b, c, "grad_output", t), y = input_as(b, c, "self_or_result", t);
+  Value negcoef = b.mul(input_as(b, c, "alpha", t), input_as(b, c, "scale", t));
+  Value poscoef = input_as(b, c, "scale", t), negip = input_as(b, c, "input_scale", t);
   Value neg = c.bool_("is_result")
                   ? b.mul(b.mul(g, negip), b.add(y, negcoef))
                   : b.mul(b.mul(b.mul(g, negip), negcoef), b.exp(b.mul(y, negip)));
@@ -359,34 +339,34 @@ TPU_LOWER_ELEMENTWISE(elu_backward) {
 }
 TPU_LOWER_ELEMENTWISE(softplus_backward) {
   ElemType t = arith(c);
-  Value g = in(b, c, "grad_output", t), x = in(b, c, "self", t);
-  Value xb = b.mul(x, in(b, c, "beta", t));
+  Value g = input_as(b, c, "grad_output", t), x = input_as(b, c, "self", t);
+  Value xb = b.mul(x, input_as(b, c, "beta", t));
   Value z = b.exp(xb);
-  return {b.select(gt(b, xb, in(b, c, "threshold", t)), g, b.div(b.mul(g, z), b.add(z, k(b, 1, z))))};
+  return {b.select(gt(b, xb, input_as(b, c, "threshold", t)), g, b.div(b.mul(g, z), b.add(z, like_const(b, 1, z))))};
 }
 TPU_LOWER_ELEMENTWISE(hardsigmoid_backward) {
   ElemType t = arith(c);
-  Value g = in(b, c, "grad_output", t), x = in(b, c, "self", t);
-  Value inside = b.and_(gt(b, x, k(b, -3, x)), lt(b, x, k(b, 3, x)));
+  Value g = input_as(b, c, "grad_output", t), x = input_as(b, c, "self", t);
+  Value inside = b.and_(gt(b, x, like_const(b, -3, x)), lt(b, x, like_const(b, 3, x)));
   // PyTorch multiplies by 1.0f / 6.0f (a float constant) for every dtype.
-  return {b.select(inside, b.mul(g, k(b, static_cast<double>(1.0f / 6.0f), g)), zero(b, g))};
+  return {b.select(inside, b.mul(g, like_const(b, static_cast<double>(1.0f / 6.0f), g)), zero(b, g))};
 }
 TPU_LOWER_ELEMENTWISE(hardswish_backward) {
   ElemType t = arith(c);
-  Value g = in(b, c, "grad_output", t), x = in(b, c, "self", t);
-  Value mid = b.mul(g, b.add(b.div(x, k(b, 3, x)), k(b, 0.5, x)));
-  return {b.select(lt(b, x, k(b, -3, x)), zero(b, g), b.select(le(b, x, k(b, 3, x)), mid, g))};
+  Value g = input_as(b, c, "grad_output", t), x = input_as(b, c, "self", t);
+  Value mid = b.mul(g, b.add(b.div(x, like_const(b, 3, x)), like_const(b, 0.5, x)));
+  return {b.select(lt(b, x, like_const(b, -3, x)), zero(b, g), b.select(le(b, x, like_const(b, 3, x)), mid, g))};
 }
 TPU_LOWER_ELEMENTWISE(mish_backward) {
   ElemType t = arith(c);
-  Value g = in(b, c, "grad_output", t), x = in(b, c, "self", t);
+  Value g = input_as(b, c, "grad_output", t), x = input_as(b, c, "self", t);
   Value s = sigmoid(b, x);
   Value ts = tanh(b, log1p(b, b.exp(x)));
-  return {b.mul(g, b.add(ts, b.mul(b.mul(x, s), b.sub(k(b, 1, ts), b.mul(ts, ts)))))};
+  return {b.mul(g, b.add(ts, b.mul(b.mul(x, s), b.sub(like_const(b, 1, ts), b.mul(ts, ts)))))};
 }
 static std::vector<Value> shrink_backward(Builder& b, const OpCall& c, const char* grad) {
   ElemType t = arith(c);
-  Value g = in(b, c, grad, t), x = in(b, c, "self", t), l = in(b, c, "lambd", t);
+  Value g = input_as(b, c, grad, t), x = input_as(b, c, "self", t), l = input_as(b, c, "lambd", t);
   Value inside = b.and_(ge(b, x, b.neg(l)), le(b, x, l));
   return {b.select(inside, zero(b, g), g)};
 }
@@ -394,22 +374,22 @@ TPU_LOWER_ELEMENTWISE(hardshrink_backward) { return shrink_backward(b, c, "grad_
 TPU_LOWER_ELEMENTWISE(softshrink_backward) { return shrink_backward(b, c, "grad_output"); }
 TPU_LOWER_ELEMENTWISE(log_sigmoid_backward) {
   ElemType t = arith(c);
-  Value g = in(b, c, "grad_output", t), x = in(b, c, "self", t), z = in(b, c, "buffer", t);
+  Value g = input_as(b, c, "grad_output", t), x = input_as(b, c, "self", t), z = input_as(b, c, "buffer", t);
   Value neg = lt(b, x, zero(b, x));
-  Value max_deriv = b.select(neg, k(b, 1, x), zero(b, x));
-  Value sign = b.select(neg, k(b, 1, x), k(b, -1, x));
-  return {b.mul(b.sub(max_deriv, b.mul(sign, b.div(z, b.add(k(b, 1, z), z)))), g)};
+  Value max_deriv = b.select(neg, like_const(b, 1, x), zero(b, x));
+  Value sign = b.select(neg, like_const(b, 1, x), like_const(b, -1, x));
+  return {b.mul(b.sub(max_deriv, b.mul(sign, b.div(z, b.add(like_const(b, 1, z), z)))), g)};
 }
 TPU_LOWER_ELEMENTWISE(logit_backward) {
   ElemType t = arith(c);
-  Value g = in(b, c, "grad_output", t), x = in(b, c, "self", t);
-  Value r = b.div(g, b.mul(x, b.sub(k(b, 1, x), x)));
+  Value g = input_as(b, c, "grad_output", t), x = input_as(b, c, "self", t);
+  Value r = b.div(g, b.mul(x, b.sub(like_const(b, 1, x), x)));
   double eps = c.has("eps") ? c.double_("eps") : -1.0;
   if (eps < 0) {
-    Value out = b.or_(lt(b, x, zero(b, x)), gt(b, x, k(b, 1, x)));
-    return {b.select(out, k(b, NAN, r), r)};
+    Value out = b.or_(lt(b, x, zero(b, x)), gt(b, x, like_const(b, 1, x)));
+    return {b.select(out, like_const(b, NAN, r), r)};
   }
-  Value out = b.or_(lt(b, x, k(b, eps, x)), gt(b, x, k(b, 1 - eps, x)));
+  Value out = b.or_(lt(b, x, like_const(b, eps, x)), gt(b, x, like_const(b, 1 - eps, x)));
   return {b.select(out, zero(b, r), r)};
 }
 
@@ -433,6 +413,46 @@ TPU_LOWER(linalg_cross) {
     parts.push_back(b.sub(b.mul(comp(x, j), comp(y, l)), b.mul(comp(x, l), comp(y, j))));
   }
   return {b.concatenate(parts, d)};
+}
+
+// ------------------------------------------------------------------ dropout / glu / prelu backwards
+TPU_LOWER_ELEMENTWISE(native_dropout_backward) {
+  const Type& o = out_type(c);
+  ElemType t = opmath(o.elem);
+  Value g = operand(b, c.arg("grad_output"), t, o.shape);
+  Value m = operand(b, c.arg("mask"), t, o.shape);
+  return {b.mul(b.mul(g, m), b.constant_f(c.double_("scale"), t, o.shape))};
+}
+
+// glu(x) = a * sigmoid(b) with (a, b) the halves of x along dim; as ATen's CPU kernel:
+// grad_a = sigmoid(b) * g, grad_b = (1 - sigmoid(b)) * sigmoid(b) * a * g.
+TPU_LOWER(glu_backward) {
+  const Type& o = out_type(c);
+  ElemType t = opmath(o.elem);
+  Value x = b.convert(c.tensor("self"), t);
+  int64_t d = norm_dim(c.int_("dim"), x.rank());
+  int64_t h = x.shape()[d] / 2;
+  if (o.numel() == 0) return {b.zeros(Type{t, o.shape})};
+  Shape st(x.rank(), 0), mid = x.shape(), st2(x.rank(), 0);
+  mid[d] = h;
+  st2[d] = h;
+  Value first = b.slice(x, st, mid), second = b.slice(x, st2, x.shape());
+  Value g = b.broadcast_to(b.convert(c.tensor("grad_output"), t), first.shape());
+  Value sig = ew::sigmoid(b, second);
+  Value one = b.constant_f(1, t, sig.shape());
+  Value ga = b.mul(sig, g);
+  Value gb = b.mul(b.mul(b.mul(b.sub(one, sig), sig), first), g);
+  return {b.concatenate({ga, gb}, d)};
+}
+
+// prelu: y = x > 0 ? x : w * x. (grad_self, grad_weight) elementwise over the broadcast shape.
+TPU_LOWER(_prelu_kernel_backward) {
+  const Type& o = out_type(c, 0);
+  ElemType t = opmath(o.elem);
+  Value x = operand(b, c.arg("self"), t, o.shape), w = operand(b, c.arg("weight"), t, o.shape);
+  Value g = operand(b, c.arg("grad_output"), t, o.shape);
+  Value pos = b.compare(Cmp::GT, x, b.zeros(x.type));
+  return {b.select(pos, g, b.mul(w, g)), b.select(pos, b.zeros(x.type), b.mul(x, g))};
 }
 
 }  // namespace tpu::lowering

@@ -29,7 +29,7 @@ struct Arg {
   Kind kind = Kind::None;
   Value tensor;                              // Tensor
   std::vector<std::optional<Value>> tensors; // TensorList / OptTensorList (nullopt = None entry)
-  Value scalar;     // Scalar: a 0-d runtime operand (f64, i64 or i1) - never a constant
+  Value scalar;     // Scalar: a 0-d f64/i64/i1 runtime operand (a constant for -1, 0, 1, 2)
   int64_t i = 0;    // Int, also MemoryFormat/Layout enums
   std::vector<int64_t> ints;  // IntList / SymIntList
   double d = 0;     // Double (a plain `float` schema argument, part of the cache key)

@@ -11,15 +11,10 @@
 #include <vector>
 
 #include "lowering.h"
+#include "shape_util.h"
 
 namespace tpu::lowering {
 namespace {
-
-bool contains(const std::vector<int64_t>& v, int64_t x) {
-  for (int64_t d : v)
-    if (d == x) return true;
-  return false;
-}
 
 // `x`'s shape with `dims` removed (keep=false) or set to 1 (keep=true).
 Shape reduced_shape(const Shape& s, const std::vector<int64_t>& dims, bool keep) {
@@ -40,12 +35,6 @@ int64_t reduced_numel(const Shape& s, const std::vector<int64_t>& dims) {
 // A reduced value (keepdim=False layout) broadcast back against the input shape.
 Value expand_back(Builder& b, Value r, const Shape& in, const std::vector<int64_t>& dims) {
   return b.broadcast_to(b.reshape(r, reduced_shape(in, dims, true)), in);
-}
-
-// Reshape a result to the output's shape when element counts match (they always should).
-Value fit(Builder& b, Value v, const Type& o) {
-  if (v.type.numel() == o.numel()) return b.reshape(v, o.shape);
-  return v;
 }
 
 Value rsum(Builder& b, Value x, const std::vector<int64_t>& dims) {
@@ -377,6 +366,16 @@ TPU_LOWER(equal) {
   for (int64_t d = 0; d < x.rank(); ++d) dims.push_back(d);
   if (dims.empty()) return {eq};
   return {b.reduce(eq, b.constant_i(1, ElemType::Pred), dims, "and")};
+}
+
+// Sum treating NaN as zero.
+TPU_LOWER(nansum) {
+  const Type& o = out_type(c);
+  ElemType t = opmath(o.elem);
+  Value x = b.convert(c.tensor("self"), t);
+  if (shlo::is_float(t)) x = b.select(b.compare(Cmp::NE, x, x), b.zeros(x.type), x);
+  Value r = b.reduce(x, b.zeros(Type{t, {}}), reduce_dims(c, "dim", x.rank()), "add");
+  return {b.reshape(r, o.shape)};
 }
 
 }  // namespace tpu::lowering

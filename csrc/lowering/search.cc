@@ -1,7 +1,7 @@
 // Counting and searching: histc, bincount, bucketize, searchsorted, cummax, cummin.
 //
 // All of these run without a host sync except bincount, whose output length depends on the data:
-// its tpu kernel (csrc/aten/moe_kernels.cc) reads min/max back once, sizes the output, and the
+// its tpu kernel (csrc/aten/explicit_kernels.cc) reads min/max back once, sizes the output, and the
 // lowering here only scatters into that output.
 //
 // - histc bins like PyTorch's CPU kernel for floats (linear interpolation in the input dtype,
@@ -101,7 +101,7 @@ TPU_LOWER(histc) {
 
 // ------------------------------------------------------------------ bincount
 // The output length (max(self) + 1, at least minlength) is decided by the tpu kernel in
-// csrc/aten/moe_kernels.cc after one host read; here it is the output's shape.
+// csrc/aten/explicit_kernels.cc after one host read; here it is the output's shape.
 TPU_LOWER(bincount) {
   const Type& o = out_type(c);
   Value x = flat(b, c.tensor("self"));

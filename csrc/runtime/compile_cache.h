@@ -64,6 +64,16 @@ class CompileCache {
   // Signature-key index: the program remembered for `key`, or null (never built, or evicted).
   ProgramPtr find_signature(const std::string& key);
   void remember_signature(const std::string& key, const ProgramPtr& program);
+  // A program a caller remembered itself (the dispatch cache): counted and touched like a
+  // signature hit; null once evicted.
+  ProgramPtr hit(const std::weak_ptr<Program>& remembered) {
+    ProgramPtr p = remembered.lock();
+    if (p) {
+      touch(*p);
+      op_hits_.fetch_add(1, std::memory_order_relaxed);
+    }
+    return p;
+  }
 
   // Bounds on the programs kept in memory (defaults from the environment); evicts at once.
   void set_limits(int64_t max_programs, int64_t max_bytes);

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstring>
 #include <optional>
 #include <unordered_map>
 
@@ -94,19 +95,36 @@ namespace {
 
 // Host operands repeat (the same learning rate, the same `+ 1`): keep their device copies.
 // They are never donated, so sharing one buffer between launches is safe.
+struct HostKey {
+  unsigned char bytes[16];
+  shlo::ElemType elem;
+  int device;
+  int64_t dim0;
+  bool operator==(const HostKey& o) const {
+    return std::memcmp(bytes, o.bytes, sizeof bytes) == 0 && elem == o.elem && device == o.device && dim0 == o.dim0;
+  }
+};
+struct HostKeyHash {
+  size_t operator()(const HostKey& k) const {
+    uint64_t a, b;
+    std::memcpy(&a, k.bytes, 8);
+    std::memcpy(&b, k.bytes + 8, 8);
+    return std::hash<uint64_t>()(a * 0x9E3779B97F4A7C15ull ^ b ^ (static_cast<uint64_t>(k.elem) << 56) ^
+                                 (static_cast<uint64_t>(k.device) << 48) ^ static_cast<uint64_t>(k.dim0 + 1));
+  }
+};
+
 pjrt::BufferPtr upload_host(const HostOperand& h, int device) {
   static std::mutex mu;
-  static auto* cache = std::make_unique<std::unordered_map<std::string, pjrt::BufferPtr>>().release();
-  std::string key(reinterpret_cast<const char*>(h.bytes), sizeof h.bytes);
-  key += static_cast<char>(h.elem);
-  key += static_cast<char>(device);
-  key += static_cast<char>(h.dims.size());
+  static auto* cache = std::make_unique<std::unordered_map<HostKey, pjrt::BufferPtr, HostKeyHash>>().release();
+  HostKey key{{}, h.elem, device, h.dim0};
+  std::memcpy(key.bytes, h.bytes, sizeof key.bytes);
   {
     std::lock_guard<std::mutex> lock(mu);
     if (auto it = cache->find(key); it != cache->end()) return it->second;
   }
   auto& ctx = Context::get();
-  auto buf = ctx.client().from_host(h.bytes, pjrt_of(h.elem), h.dims, ctx.device(device));
+  auto buf = ctx.client().from_host(h.bytes, pjrt_of(h.elem), h.dims(), ctx.device(device));
   std::lock_guard<std::mutex> lock(mu);
   if (cache->size() > 4096) cache->clear();
   cache->emplace(key, buf);
@@ -114,47 +132,51 @@ pjrt::BufferPtr upload_host(const HostOperand& h, int device) {
 }
 
 // ---------------------------------------------------------------- strict / debug
-// Key hit: the remembered program, no text built. Miss: build, compile (or find the text in the
-// memory/disk cache), remember. Then launch with the read storages + host operands; the written
-// storages now hold the results (donated in place when they were read too).
-void run_strict(const Plan& plan) {
-  for (const Slot& s : plan.slots)
-    if (s.read && !s.st->buffer) ensure_buffer(*s.st, s.elem, s.numel);
-  auto& cache = CompileCache::get();
+// `*program` set (the dispatch cache's): no lookup. Key hit: the remembered program, no text
+// built. Miss: build, compile (or find the text in the memory/disk cache), remember. Then launch
+// with the read storages + host operands; the written storages now hold the results (donated in
+// place when they were read too).
+void run_strict(const Call& call, ProgramPtr* program, const MissReason& miss_reason) {
+  const Plan& plan = *call.plan;
+  for (size_t i = 0; i < plan.slots.size(); ++i)
+    if (plan.slots[i].read && !call.st[i]->buffer) ensure_buffer(*call.st[i], plan.slots[i].elem, plan.slots[i].numel);
   bool checked = plan.entry->checked && device_checks();  // one more result: the error status
-  const std::string checked_key = checked ? plan.key + "#checked" : std::string();
-  const std::string& key = checked ? checked_key : plan.key;
-  ProgramPtr program = cache.find_signature(key);
-  if (!program) {
-    program = cache.get_or_compile_program(build_program(plan), plan.what(),
-                                           plan.miss_reason ? plan.miss_reason() : "new signature");
-    cache.remember_signature(key, program);
+  if (!*program) {
+    auto& cache = CompileCache::get();
+    const std::string checked_key = checked ? plan.key + "#checked" : std::string();
+    const std::string& key = checked ? checked_key : plan.key;
+    *program = cache.find_signature(key);
+    if (!*program) {
+      *program = cache.get_or_compile_program(build_program(plan), plan.what,
+                                              miss_reason ? miss_reason() : "new signature");
+      cache.remember_signature(key, *program);
+    }
   }
-  std::vector<pjrt::BufferPtr> keep;  // host operand buffers live until the launch is queued
+  c10::SmallVector<pjrt::BufferPtr, 3> keep;  // host operand buffers live until the launch is queued
   std::vector<PJRT_Buffer*> args;
-  keep.reserve(plan.host.size());
-  args.reserve(plan.slots.size() + plan.host.size());
-  for (const Slot& s : plan.slots)
-    if (s.read) args.push_back(s.st->buffer->raw());
-  for (const HostOperand& h : plan.host) {
-    keep.push_back(upload_host(h, plan.device));
+  args.reserve(plan.slots.size() + call.host.size());
+  for (size_t i = 0; i < plan.slots.size(); ++i)
+    if (plan.slots[i].read) args.push_back(call.st[i]->buffer->raw());
+  for (const HostOperand& h : call.host) {
+    keep.push_back(upload_host(h, call.device));
     args.push_back(keep.back()->raw());
   }
   std::vector<CheckSource> sources;  // captured before the status lock (the capture takes the GIL)
   std::optional<CheckedLaunch> check;
   if (checked) {
-    sources = check_sources(plan.what());
-    check.emplace(plan.device);
+    sources = check_sources(plan.what);
+    check.emplace(call.device);
     args.push_back(check->status_arg());
   }
-  auto results = Executor::get().launch(*program->exe, plan.device, args, {}, plan.what());
+  auto results = Executor::get().launch(*(*program)->exe, call.device, args, {}, plan.what);
   if (check) check->done(results.back(), std::move(sources));
   size_t ri = 0;
-  for (const Slot& s : plan.slots) {
-    if (!s.written) continue;
-    std::lock_guard<std::mutex> lock(s.st->mu);
-    s.st->buffer = results[ri++];
-    s.st->elem = s.elem;
+  for (size_t i = 0; i < plan.slots.size(); ++i) {
+    if (!plan.slots[i].written) continue;
+    StorageState* st = call.st[i];
+    std::lock_guard<std::mutex> lock(st->mu);
+    st->buffer = std::move(results[ri++]);
+    st->elem = plan.slots[i].elem;
   }
   dispatch_stats().ops++;
   if (check) check->raise_if_due();  // debug eager: the op itself raises
@@ -174,8 +196,8 @@ struct TraceArg {  // a pending storage the trace reads before writing it: a pro
 };
 
 struct RecordedOp {
-  Plan plan;
-  std::vector<int> ids;  // pending storage id of each slot
+  std::shared_ptr<const Plan> plan;
+  c10::SmallVector<int, 6> ids;  // pending storage id of each slot
 };
 
 struct Pending {
@@ -207,7 +229,7 @@ std::string build_trace(const Pending& p, const std::vector<int>& targets) {
   std::vector<int> arg_index(p.storage_of.size(), -1);
   size_t next_storage_arg = 0;
   for (const RecordedOp& op : p.ops) {
-    const Plan& plan = op.plan;
+    const Plan& plan = *op.plan;
     std::vector<Value> cur(plan.slots.size());
     for (size_t i = 0; i < plan.slots.size(); ++i) {
       if (!plan.slots[i].read) continue;
@@ -220,7 +242,7 @@ std::string build_trace(const Pending& p, const std::vector<int>& targets) {
       cur[i] = value_of[id];
     }
     std::vector<Value> host_vals;
-    for (const HostOperand& h : plan.host) host_vals.push_back(b.arg(Type{h.elem, h.dims}));
+    for (const HostOperand& h : plan.host) host_vals.push_back(b.arg(Type{h.elem, h.dims()}));
     emit_op(b, cur, host_vals, plan);
     for (size_t i = 0; i < plan.slots.size(); ++i)
       if (plan.slots[i].written) value_of[op.ids[i]] = cur[i];
@@ -298,20 +320,22 @@ void flush_locked(Pending& p) {
   if (check) check->raise_if_due();
 }
 
-void fused_record(Plan& plan) {
+void fused_record(const Call& call) {
+  const Plan& plan = *call.plan;
   Pending& p = pending();
   std::lock_guard<std::recursive_mutex> lock(p.mu);
-  if (!p.ops.empty() && p.device != plan.device) flush_locked(p);
-  p.device = plan.device;
+  if (!p.ops.empty() && p.device != call.device) flush_locked(p);
+  p.device = call.device;
   RecordedOp op;
   op.ids.resize(plan.slots.size());
   p.key += plan.key;
   p.key += '#';
   for (size_t i = 0; i < plan.slots.size(); ++i) {
     const Slot& s = plan.slots[i];
-    auto [it, fresh] = p.id_of.try_emplace(s.st, static_cast<int>(p.storage_of.size()));
+    StorageState* st = call.st[i];
+    auto [it, fresh] = p.id_of.try_emplace(st, static_cast<int>(p.storage_of.size()));
     if (fresh) {
-      p.storage_of.push_back(s.st);
+      p.storage_of.push_back(st);
       p.written_elem.push_back(s.elem);
       p.is_written.push_back(false);
     }
@@ -319,19 +343,19 @@ void fused_record(Plan& plan) {
     op.ids[i] = id;
     p.key += std::to_string(id);
     if (fresh && s.read) {  // read before any pending value: its current buffer is an argument
-      ensure_buffer(*s.st, s.elem, s.numel);
-      int64_t n = static_cast<int64_t>(s.st->nbytes) / elem_bytes(s.st->elem);
-      p.args.push_back({id, s.st->elem, n});
-      p.arg_bufs.push_back(s.st->buffer);
+      ensure_buffer(*st, s.elem, s.numel);
+      int64_t n = static_cast<int64_t>(st->nbytes) / elem_bytes(st->elem);
+      p.args.push_back({id, st->elem, n});
+      p.arg_bufs.push_back(st->buffer);
       p.key += 'A';
-      p.key += shlo::mlir_name(s.st->elem);
+      p.key += shlo::mlir_name(st->elem);
       p.key += std::to_string(n);
     } else if (fresh) {
       p.key += 'W';  // first touched by a write: no argument
     }
     p.key += ',';
   }
-  for (const HostOperand& h : plan.host) p.arg_bufs.push_back(upload_host(h, plan.device));
+  for (const HostOperand& h : call.host) p.arg_bufs.push_back(upload_host(h, call.device));
   for (size_t i = 0; i < plan.slots.size(); ++i) {
     if (!plan.slots[i].written) continue;
     int id = op.ids[i];
@@ -343,11 +367,10 @@ void fused_record(Plan& plan) {
   }
   if (plan.entry->checked && device_checks()) {  // part of the trace key: one more result
     p.key += 'C';
-    p.checks.push_back({0, plan.what(), capture_site()});
+    p.checks.push_back({0, plan.what, capture_site()});
   }
   p.key += ';';
-  plan.miss_reason = nullptr;  // refers to the caller's frame
-  op.plan = std::move(plan);
+  op.plan = call.plan;
   p.ops.push_back(std::move(op));
   dispatch_stats().ops++;
   if (p.ops.size() >= kMaxFusedOps) flush_locked(p);
@@ -355,9 +378,9 @@ void fused_record(Plan& plan) {
 
 }  // namespace
 
-void execute(Plan& plan) {
-  if (Context::get().mode() == EagerMode::DeferAndFuse) fused_record(plan);
-  else run_strict(plan);  // debug mode waits inside Executor::launch
+void execute(const Call& call, ProgramPtr* program, const MissReason& miss_reason) {
+  if (Context::get().mode() == EagerMode::DeferAndFuse) fused_record(call);
+  else run_strict(call, program, miss_reason);  // debug mode waits inside Executor::launch
 }
 
 void fused_flush() {

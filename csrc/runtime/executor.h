@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "pjrt/pjrt.h"
+#include "runtime/compile_cache.h"
 #include "runtime/plan.h"
 
 namespace tpu::runtime {
@@ -35,8 +36,10 @@ class Executor {
   int64_t launches_ = 0;
 };
 
-// Runs a planned op with the executor of the current eager mode (fused eager keeps the plan).
-void execute(Plan& plan);
+// Runs a planned call with the executor of the current eager mode (fused eager keeps the plan).
+// Strict: `*program` is the program to launch when set (the dispatch cache's), else it is looked
+// up by the plan's key (built and compiled on a miss, `miss_reason` says why) and set.
+void execute(const Call& call, ProgramPtr* program, const MissReason& miss_reason);
 
 // Fused eager: launches the pending program (a sync point); forgets a dying storage.
 void fused_flush();

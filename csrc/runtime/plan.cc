@@ -78,7 +78,9 @@ void emit_op(shlo::Builder& b, std::vector<Value>& cur, const std::vector<Value>
           else a.tensors.push_back(std::nullopt);
         }
         break;
-      case lowering::Arg::Kind::Scalar: a.scalar = host_vals[ap.host_index[0]]; break;
+      case lowering::Arg::Kind::Scalar:
+        a.scalar = ap.scalar_const ? b.constant_i(*ap.scalar_const, ap.scalar_const_elem) : host_vals[ap.host_index[0]];
+        break;
       default: break;  // constants are already in `value`
     }
     call.args.emplace_back(ap.name, std::move(a));
@@ -115,7 +117,7 @@ std::string build_program(const Plan& plan) {
   for (size_t i = 0; i < plan.slots.size(); ++i)
     if (plan.slots[i].read) cur[i] = b.arg(Type{plan.slots[i].elem, {plan.slots[i].numel}});
   std::vector<Value> host_vals;
-  for (const HostOperand& h : plan.host) host_vals.push_back(b.arg(Type{h.elem, h.dims}));
+  for (const HostOperand& h : plan.host) host_vals.push_back(b.arg(Type{h.elem, h.dims()}));
   emit_op(b, cur, host_vals, plan);
   std::vector<Value> results;
   for (size_t i = 0; i < plan.slots.size(); ++i) {

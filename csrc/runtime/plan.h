@@ -8,13 +8,19 @@
 //                                lowering, epilogue writes into the output storages;
 //   launch  runtime/executor.h   strict and debug eager launch one program per op, fused eager
 //                                records the op into one pending program instead.
-// Nothing here knows ATen: plans hold storages, views and lowering arguments only.
+// A Plan is the structure of a call (equal keys, equal plans), shared by every call with the same
+// signature; a Call binds one plan to this call's storages and host operand values, so the
+// aten/dispatch_cache.h fast path launches a remembered plan without planning again.
+// Nothing here knows ATen: plans hold views and lowering arguments, calls hold storages.
 #pragma once
 #include <cstdint>
 #include <functional>
 #include <optional>
+#include <memory>
 #include <string>
 #include <vector>
+
+#include <c10/util/SmallVector.h>
 
 #include "lowering/lowering.h"
 #include "runtime/storage.h"
@@ -26,9 +32,8 @@ inline int64_t elem_bytes(shlo::ElemType t) {
   return t == shlo::ElemType::Pred ? 1 : shlo::bit_width(t) / 8;
 }
 
-// One storage the op touches; `arg` is its program-argument index when read.
+// One storage the op touches (Call::st says which); `arg` is its program-argument index when read.
 struct Slot {
-  StorageState* st = nullptr;
   bool read = false;
   bool written = false;
   int64_t numel = 0;
@@ -37,10 +42,12 @@ struct Slot {
 };
 
 // A value the host passes to the program each launch: part of the arguments, never of the text.
+// Plans hold the operand's type, calls its value.
 struct HostOperand {
   shlo::ElemType elem;
-  std::vector<int64_t> dims;
+  int64_t dim0 = -1;  // -1: a 0-d value; else a 1-D value of dim0 elements (RNG state: u64[2])
   alignas(8) unsigned char bytes[16];
+  std::vector<int64_t> dims() const { return dim0 < 0 ? std::vector<int64_t>{} : std::vector<int64_t>{dim0}; }
 };
 
 // A tensor argument or output: a view of one slot.
@@ -58,25 +65,36 @@ struct ArgPlan {
   std::vector<std::optional<TensorRef>> refs;  // Tensor / lists: device views
   std::vector<int> host_index;                 // Tensor / Scalar fed by a host operand
   std::vector<std::optional<int>> list_host;   // list entries that are host 0-d tensors
+  // Scalar: a small integral value (-1, 0, 1, 2) is a program constant (part of the key) rather
+  // than an operand, so XLA simplifies x ** 2, alpha = 1, ...; F64 or S64 as the operand would be.
+  std::optional<int64_t> scalar_const;
+  shlo::ElemType scalar_const_elem = shlo::ElemType::F64;
 };
 
 struct Plan {
   const lowering::OpEntry* entry = nullptr;
   std::string name, overload;  // base name and overload: the lowering's OpCall
+  std::string what;            // "aten::name.overload", for logs and errors
   shlo::ElemType common = shlo::ElemType::F32;
   bool flattened = false;  // pointwise over contiguous operands: keyed by element count
   shlo::Precision precision = shlo::Precision::Highest;  // of its contractions (part of the key)
-  int device = -1;
   std::vector<Slot> slots;
-  std::vector<HostOperand> host;
+  std::vector<HostOperand> host;  // types (values are the Call's)
   std::vector<ArgPlan> args;
   std::vector<TensorRef> outs;
   std::string key;
-  // Why a key missed (for explain()); called only on a miss, so a hit formats nothing.
-  std::function<std::string()> miss_reason;
-
-  std::string what() const { return "aten::" + name + (overload.empty() ? "" : "." + overload); }
 };
+
+// One call of a plan: the storage of each slot and the value of each host operand.
+struct Call {
+  std::shared_ptr<const Plan> plan;
+  c10::SmallVector<StorageState*, 6> st;  // per plan slot
+  c10::SmallVector<HostOperand, 3> host;  // per plan host operand
+  int device = 0;
+};
+
+// Why a key missed (for explain()); called only on a miss, so a hit formats nothing.
+using MissReason = std::function<std::string()>;
 
 // Key fragments, appended while planning.
 void key_tensor(std::string& key, const TensorRef& r, const Slot& s);

@@ -19,6 +19,7 @@ struct Pending {
   int64_t enqueue_us;
   int device;
   int64_t seq;  // launch order on the device
+  uint64_t correlation;
   int64_t end_us = 0;
 };
 
@@ -50,21 +51,20 @@ void on_complete(std::unique_ptr<Pending> p) {
 // Callbacks can be delivered late and out of order; a device runs its programs in launch order,
 // so a launch ended no later than any later launch's reported end (suffix minimum), and started
 // no earlier than its enqueue and the previous launch's end.
-std::vector<std::tuple<int64_t, int64_t, std::string>> intervals(std::vector<Pending>& done,
-                                                                  std::unordered_map<int, int64_t>& last_end) {
+std::vector<DeviceEvent> intervals(std::vector<Pending>& done, std::unordered_map<int, int64_t>& last_end) {
   std::sort(done.begin(), done.end(), [](const Pending& a, const Pending& b) {
     return a.device != b.device ? a.device < b.device : a.seq < b.seq;
   });
   for (size_t i = done.size(); i-- > 1;)
     if (done[i - 1].device == done[i].device) done[i - 1].end_us = std::min(done[i - 1].end_us, done[i].end_us);
-  std::vector<std::tuple<int64_t, int64_t, std::string>> out;
+  std::vector<DeviceEvent> out;
   out.reserve(done.size());
   for (Pending& p : done) {
     int64_t& last = last_end[p.device];
     int64_t start = std::max(p.enqueue_us, last);
     int64_t end = std::max(p.end_us, start + 1);
     last = end;
-    out.emplace_back(start, end, "tpu::device " + p.name);
+    out.push_back({start, end, std::move(p.name), p.device, p.correlation});
   }
   return out;
 }
@@ -123,7 +123,9 @@ void track_launch(const Range& launch, const std::vector<pjrt::BufferPtr>& outs,
     const PJRT_Api* api;
     std::unique_ptr<Pending> p;
   };
-  auto arg = std::make_unique<Arg>(Arg{api, std::make_unique<Pending>(Pending{what, launch.start_us(), device, next_seq()})});
+  uint64_t corr = g_hooks.correlation ? g_hooks.correlation() : 0;
+  auto arg = std::make_unique<Arg>(
+      Arg{api, std::make_unique<Pending>(Pending{what, launch.start_us(), device, next_seq(), corr})});
   PJRT_Event_OnReady_Args a{};
   a.struct_size = PJRT_Event_OnReady_Args_STRUCT_SIZE;
   a.event = r.event;
@@ -155,7 +157,7 @@ void track_launch(const Range& launch, const std::vector<pjrt::BufferPtr>& outs,
 
 void flush() {
   if (!g_hooks.device) return;
-  std::vector<std::tuple<int64_t, int64_t, std::string>> ev;
+  std::vector<DeviceEvent> ev;
   {
     auto& c = clock();
     std::lock_guard<std::mutex> lock(c.mu);

@@ -12,15 +12,25 @@
 
 namespace tpu::runtime::prof {
 
+// Device time of one launch (wall clock, microseconds since the Unix epoch).
+struct DeviceEvent {
+  int64_t start_us, end_us;
+  std::string what;          // "aten::mm", "fused graph", "graph graph5"
+  int device;
+  uint64_t correlation;      // the torch op that launched it (profiler correlation id), 0 = none
+};
+
 struct Hooks {
   bool (*active)() = nullptr;                      // a torch.profiler is recording on this thread
   void* (*begin)(const std::string& name) = nullptr;  // opens a RecordFunction range
   void (*end)(void* range) = nullptr;
   // A range with explicit wall-clock times (microseconds since the Unix epoch), on this thread.
   void (*interval)(int64_t start_us, int64_t end_us, const std::string& name) = nullptr;
-  // Device intervals, recorded on the profiler's "tpu device" thread row (so they neither nest
-  // under nor distort the self time of the host ranges they overlap).
-  void (*device)(const std::vector<std::tuple<int64_t, int64_t, std::string>>& events) = nullptr;
+  // The innermost torch op being recorded on this thread (its correlation id), 0 if none.
+  uint64_t (*correlation)() = nullptr;
+  // Completed device intervals: device activities of the Kineto session (key_averages' device
+  // time of the op that launched them), or without one a "tpu device" thread row.
+  void (*device)(const std::vector<DeviceEvent>& events) = nullptr;
 };
 void install(const Hooks& h);
 bool active();

@@ -1,7 +1,7 @@
 """Meta kernels and Dynamo hooks compiled tpu graphs need that PyTorch lacks.
 
 - `_grouped_mm`: PyTorch's meta accepts bfloat16 only (CUDA's rule); the CPU kernel and tpu's
-  (csrc/aten/moe_kernels.cc) take float32/float16 too. The override follows the CPU checks.
+  (csrc/aten/explicit_kernels.cc) take float32/float16 too. The override follows the CPU checks.
 - `_fused_sgd(_)` and the `tensor_lr` / functional overloads of `_fused_adam(w)(_)` have no meta:
   they get one (in-place: nothing to compute; functional: fresh tensors like the mutated lists).
 - Their in-place forms functionalize as the functional op + copy_ (PyTorch's generated rule fails

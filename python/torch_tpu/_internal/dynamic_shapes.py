@@ -117,12 +117,12 @@ def _keep(x: torch.Tensor, d: int, real: torch.Tensor | int) -> torch.Tensor:
 _LAYOUT = {aten.transpose.int, aten.permute.default, aten.t.default, aten.unsqueeze.default,
            aten.squeeze.dim, aten.squeeze.dims, aten.squeeze.default, aten.expand.default,
            aten.alias.default, aten.clone.default, aten._to_copy.default, aten.detach.default,
-           aten.lift_fresh_copy.default, aten.embedding.default, torch.ops.prims.convert_element_type.default}
+           aten.lift_fresh_copy.default, torch.ops.prims.convert_element_type.default}
 _VIEWS = {aten.view.default, aten._unsafe_view.default, aten.reshape.default}
 _FACTORY = {aten.empty.memory_format, aten.zeros.default, aten.ones.default, aten.full.default,
             aten.new_empty.default, aten.new_zeros.default, aten.new_ones.default, aten.new_full.default,
             aten.empty_strided.default, aten.arange.default}
-_REDUCE_FILL = {aten.sum.dim_IntList: 0.0, aten.amax.default: -math.inf, aten.amin.default: math.inf,
+_REDUCE_FILL = {aten.sum.dim_IntList: 0.0, aten.sum.default: 0.0, aten.amax.default: -math.inf, aten.amin.default: math.inf,
                 aten._softmax.default: -math.inf, aten._log_softmax.default: -math.inf}
 _SYM_OPS = {operator.add, operator.sub, operator.mul, operator.floordiv, operator.neg,
             aten.sym_size.int, aten.sym_numel.default, aten.sym_stride.int, torch.sym_max, torch.sym_min}
@@ -132,19 +132,75 @@ def _prod(xs: Sequence[sympy.Expr]) -> sympy.Expr:
     return sympy.expand(sympy.Mul(*xs)) if xs else sympy.Integer(1)
 
 
-def _view_keeps_dims(src: torch.Tensor, out: torch.Tensor) -> bool:
-    """A view keeps each symbolic dim as its own dim with the same elements before it (so the
-    real data stays a prefix along it)."""
+def _view_map(src: torch.Tensor, out: torch.Tensor) -> dict[int, tuple[int, int, int]] | None:
+    """How a view keeps the real data a prefix: for each symbolic output dim j, (input dim i,
+    multiplier, divisor) of its physical size, or None when it does not. Allowed: the dim kept
+    whole, merged with static dims after it, or split into itself and static dims after it
+    (always with the same number of elements before it)."""
     ins = [_expr(s) for s in src.shape]
     outs = [_expr(s) for s in out.shape]
     din, dout = _dyn(src), _dyn(out)
     if len(din) != len(dout):
-        return False
+        return None
+
+    def same(a: sympy.Expr, b: sympy.Expr) -> bool:
+        return sympy.expand(a - b) == 0
+
+    def static_run(dims: list[sympy.Expr], start: int, want: sympy.Expr, base: sympy.Expr) -> int | None:
+        prod = sympy.Integer(1)
+        for k in range(start, len(dims) + 1):
+            if same(base * prod, want):
+                return int(prod)
+            if k == len(dims) or dims[k].free_symbols:
+                return None
+            prod = prod * dims[k]
+        return None
+
+    out_map: dict[int, tuple[int, int, int]] = {}
     for j, e in dout.items():
         pre = _prod(outs[:j])
-        if not any(sympy.expand(ins[i] - e) == 0 and sympy.expand(_prod(ins[:i]) - pre) == 0 for i in din):
-            return False
-    return True
+        for i in din:
+            if not same(_prod(ins[:i]), pre):
+                continue
+            merged = static_run(ins, i + 1, e, ins[i])  # e == ins[i] * static dims after i
+            if merged is not None:
+                out_map[j] = (i, merged, 1)
+                break
+            split = static_run(outs, j + 1, ins[i], e)  # ins[i] == e * static dims after j
+            if split is not None:
+                out_map[j] = (i, 1, split)
+                break
+        else:
+            return None
+    return out_map
+
+
+def _nodes_in(v: Any) -> set[torch.fx.Node]:
+    if isinstance(v, torch.fx.Node):
+        return {v}
+    if isinstance(v, (list, tuple)):
+        return set().union(*(_nodes_in(e) for e in v)) if v else set()
+    return set()
+
+
+def _shape_arg_nodes(n: torch.fx.Node) -> set[torch.fx.Node]:
+    """Size nodes a call uses only as a shape (a padded size is right there); a size anywhere
+    else is a value, which must be the real one."""
+    t, args = n.target, n.args
+    if t in _VIEWS or t is aten.expand.default:
+        return _nodes_in(args[1]) if len(args) > 1 else set()
+    if t in (aten.empty.memory_format, aten.zeros.default, aten.ones.default, aten.full.default, aten.arange.default):
+        return _nodes_in(args[0]) if args else set()
+    if t is aten.empty_strided.default:
+        return _nodes_in(args[:2])
+    if t in (aten.new_empty.default, aten.new_zeros.default, aten.new_ones.default, aten.new_full.default):
+        return _nodes_in(args[1]) if len(args) > 1 else set()
+    if t is aten.slice.Tensor and len(args) > 3:
+        src = args[0].meta.get("val") if isinstance(args[0], torch.fx.Node) else None
+        dim = args[1] if len(args) > 1 else 0
+        if isinstance(src, torch.Tensor) and dim % src.dim() in _dyn(src):
+            return _nodes_in(args[3])  # the end of a prefix
+    return set()
 
 
 def _draws_random(op: Any, args: Any, kwargs: Any) -> bool:
@@ -162,10 +218,12 @@ class _PaddedInterpreter(torch.fx.Interpreter):
     """Runs the symbolic graph on buffers padded to the bucket (under make_fx): per node, the real
     size of each dim comes from the node's symbolic meta, the physical one from the buffer."""
 
-    def __init__(self, gm: torch.fx.GraphModule, real: _Real, padded: set[sympy.Symbol]) -> None:
+    def __init__(self, gm: torch.fx.GraphModule, real: _Real, padded: set[sympy.Symbol],
+                 phys: Callable[[sympy.Expr], int]) -> None:
         super().__init__(gm)
         self.real = real
         self.padded = padded  # the bucketed symbols
+        self.phys = phys  # physical (padded) size of a size expression
 
     def run_node(self, n: torch.fx.Node) -> Any:
         self._node = n
@@ -181,11 +239,24 @@ class _PaddedInterpreter(torch.fx.Interpreter):
         vals = [a.meta.get("val") for a in n.all_input_nodes]
         dyn_in = any(_dyn(v) for v in vals)
         out_val = n.meta.get("val")
-        if target is operator.getitem or target in _SYM_OPS:
+        if target is operator.getitem:
+            return target(*args, **kwargs)
+        if _free(out_val) and out_val.node.expr.free_symbols & self.padded:
+            return self.phys(out_val.node.expr)  # a padded size: the buffers' size, whatever op made it
+        if target in _SYM_OPS:
             return target(*args, **kwargs)
         sym_args = [a for a in n.all_input_nodes if _free(a.meta.get("val"))
                     and a.meta["val"].node.expr.free_symbols & self.padded]
-        if sym_args and target not in _VIEWS | _FACTORY | {aten.expand.default, aten.slice.Tensor}:
+        if sym_args and isinstance(target, torch._ops.OpOverload) and torch.Tag.pointwise in target.tags \
+                and not kwargs:
+            # A size as an operand (mean's backward divides by it): its real value, as a 0-d tensor.
+            args = tuple(self.real.of(a.meta["val"].node.expr) if a in sym_args else v
+                         for a, v in zip(n.args, args, strict=True))
+            if not any(isinstance(v, torch.Tensor) and v.dim() > 0 for v in args):
+                raise Unpaddable("a size is used as a value")
+            if target._overloadname == "Scalar" and hasattr(target.overloadpacket, "Tensor"):
+                target = target.overloadpacket.Tensor  # div.Scalar(x, n) -> div.Tensor(x, n)
+        elif sym_args and set(sym_args) - _shape_arg_nodes(n):
             raise Unpaddable("a size is used as a value")
         if isinstance(target, torch._ops.OpOverload) and torch.Tag.nondeterministic_seeded in target.tags \
                 and (dyn_in or _dyn(out_val)) and _draws_random(target, n.args, n.kwargs):
@@ -200,10 +271,20 @@ class _PaddedInterpreter(torch.fx.Interpreter):
             return target(*args, **kwargs)
         if target in _LAYOUT or target in _FACTORY:
             return target(*args, **kwargs)
+        if target is aten.embedding.default:
+            w, idx = args[0], args[1]
+            if _dyn(n.args[0].meta["val"]):
+                raise Unpaddable("embedding table with a symbolic size")
+            # padded positions may hold any index: keep them inside the table
+            return target(w, torch.clamp(idx, 0, w.shape[0] - 1), *args[2:], **kwargs)
         if target in _VIEWS:
-            if not _view_keeps_dims(vals[0], out_val):
-                raise Unpaddable("view merges or splits a symbolic dim")
-            return target(args[0], list(self._physical_view_shape(args[0], vals[0], out_val)))
+            vmap = _view_map(n.args[0].meta["val"], out_val)
+            if vmap is None:
+                raise Unpaddable("view moves a symbolic dim inside a merged or split dim")
+            x = args[0]
+            shape = [x.shape[i] * mul // div if j in vmap else int(s) for j, s in enumerate(out_val.shape)
+                     for i, mul, div in [vmap.get(j, (0, 1, 1))]]
+            return target(x, shape)
         if target is aten.slice.Tensor:
             return self._slice(n, args, kwargs)
         if target is aten.select.int:
@@ -213,19 +294,31 @@ class _PaddedInterpreter(torch.fx.Interpreter):
             return target(*args, **kwargs)
         if target is aten.cat.default:
             return self._cat(n, args, kwargs)
-        if target in _REDUCE_FILL or target is aten.mean.dim:
+        if target is aten.index.Tensor:
+            return self._index(n, args)
+        if target is aten.native_layer_norm.default:
+            src = n.args[0].meta["val"]
+            if any(d >= src.dim() - len(args[1]) for d in _dyn(src)):
+                raise Unpaddable("layer norm over a symbolic dim")
+            return target(*args, **kwargs)  # rows are normalized independently
+        if target in _REDUCE_FILL or target in (aten.mean.dim, aten.mean.default):
             return self._reduce(n, target, args, kwargs)
         if target in (aten.mm.default, aten.bmm.default):
             return self._matmul(n, target, args)
+        if target is aten.addmm.default and not kwargs:
+            mm = self._matmul(n, aten.mm.default, args[1:3], first=1)
+            return args[0] + mm  # beta = alpha = 1 (what a Linear traces to)
+        if target in (aten._softmax_backward_data.default, aten._log_softmax_backward_data.default):
+            grad, out, d = args[0], args[1], args[2] % args[0].dim()
+            vg, vo = n.args[0].meta["val"], n.args[1].meta["val"]
+            if d in _dyn(vg):
+                grad = self._masked(grad, vg, [d], 0.0)
+                if target is aten._softmax_backward_data.default:
+                    out = self._masked(out, vo, [d], 0.0)
+            return target(grad, out, *args[2:])
         if target is aten._scaled_dot_product_fused_attention_overrideable.default:
             return self._sdpa(n, args, kwargs)
         raise Unpaddable(f"no padded rule for {target}")
-
-    def _physical_view_shape(self, x: torch.Tensor, src: torch.Tensor, out: torch.Tensor) -> list[int]:
-        """The view's shape on the padded buffer: symbolic dims take the buffer's size."""
-        din = _dyn(src)
-        phys = {e: x.shape[d] for d, e in din.items()}
-        return [phys.get(s.node.expr, None) if _free(s) else int(s) for s in out.shape]
 
     def _slice(self, n: torch.fx.Node, args: tuple, kwargs: dict) -> Any:
         src = n.args[0].meta["val"]
@@ -274,6 +367,28 @@ class _PaddedInterpreter(torch.fx.Interpreter):
             offset = offset + n_real
         return out
 
+    def _index(self, n: torch.fx.Node, args: tuple) -> torch.Tensor:
+        """x[i0, i1, ..]: indices into a padded dim count negatives from the real end; every
+        index is clamped into the buffer (padded positions of index tensors hold anything)."""
+        x, indices = args[0], list(args[1])
+        src = n.args[0].meta["val"]
+        dyn = _dyn(src)
+        fixed: list[Any] = []
+        for d, idx in enumerate(indices):
+            if idx is None or idx.dtype == torch.bool:
+                if idx is not None and d in dyn:
+                    raise Unpaddable("boolean mask over a symbolic dim")
+                fixed.append(idx)
+                continue
+            size = x.shape[d]
+            if d in dyn:
+                idx = torch.where(idx < 0, idx + self.real.of(dyn[d]), idx)
+                idx = torch.clamp(idx, 0, size - 1)
+            else:
+                idx = torch.clamp(idx, -size, size - 1)
+            fixed.append(idx)
+        return aten.index.Tensor(x, fixed)
+
     def _masked(self, x: torch.Tensor, src: torch.Tensor, dims: Sequence[int], fill: float) -> torch.Tensor:
         dyn = _dyn(src)
         for d in dims:
@@ -294,8 +409,9 @@ class _PaddedInterpreter(torch.fx.Interpreter):
         touched = [d for d in dims if d in _dyn(src)]
         if not touched:
             return target(*args, **kwargs)
-        if target is aten.mean.dim:
-            s = aten.sum.dim_IntList(self._masked(x, src, touched, 0.0), *args[1:], **kwargs)
+        if target in (aten.mean.dim, aten.mean.default):
+            total = aten.sum.default if target is aten.mean.default else aten.sum.dim_IntList
+            s = total(self._masked(x, src, touched, 0.0), *args[1:], **kwargs)
             count = 1
             for d in dims:
                 count = count * self.real.of(_expr(src.shape[d]))
@@ -305,9 +421,9 @@ class _PaddedInterpreter(torch.fx.Interpreter):
             raise Unpaddable("integer max/min over a symbolic dim")
         return target(self._masked(x, src, touched, fill), *args[1:], **kwargs)
 
-    def _matmul(self, n: torch.fx.Node, target: Any, args: tuple) -> torch.Tensor:
+    def _matmul(self, n: torch.fx.Node, target: Any, args: tuple, first: int = 0) -> torch.Tensor:
         a, b = args[0], args[1]
-        va, vb = n.args[0].meta["val"], n.args[1].meta["val"]
+        va, vb = n.args[first].meta["val"], n.args[first + 1].meta["val"]
         ka, kb = a.dim() - 1, b.dim() - 2
         if ka in _dyn(va) or kb in _dyn(vb):
             a = self._masked(a, va, [ka], 0.0)
@@ -458,6 +574,17 @@ class DynamicGraph:
                 break
         return {**{s: values[s] for s in self.int_symbols}, **b}
 
+    def _phys_fn(self, b: dict[sympy.Symbol, int]) -> Callable[[sympy.Expr], int]:
+        """Physical size of a size expression: a cat result's capacity (its largest piece), else
+        the expression at the bucket sizes."""
+        caps: dict[sympy.Expr, int] = {}
+        for real, pieces in self.constraints:
+            caps[real] = max(caps.get(real, 0), max(int(p.xreplace(b)) for p in pieces))
+
+        def phys(e: sympy.Expr) -> int:
+            return caps[e] if e in caps else int(e.xreplace(b))
+        return phys
+
     def _physical(self, a: Any, v: Any, b: dict[sympy.Symbol, int]) -> Any:
         """The buffer passed for input a: its bucket-sized buffer as is, else padded to the bucket."""
         dyn = _dyn(v)
@@ -498,7 +625,7 @@ class DynamicGraph:
                     full[i] = int(v.node.expr.xreplace(b))
             real = _Real({**{s: b[s] for s in self.int_symbols},
                           **dict(zip(self.symbols, ins[len(tensor_idx):], strict=True))})
-            return _PaddedInterpreter(self.gm, real, set(self.symbols)).run(*full)
+            return _PaddedInterpreter(self.gm, real, set(self.symbols), self._phys_fn(b)).run(*full)
 
         pg = self._trace(fn, [phys[i] for i in tensor_idx] + reals)
         tag = ",".join([f"{s}<={b[s]}" for s in self.symbols] + [f"{s}={b[s]}" for s in self.int_symbols])

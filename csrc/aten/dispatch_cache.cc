@@ -1,0 +1,162 @@
+#include "dispatch_cache.h"
+
+#include <mutex>
+#include <shared_mutex>
+#include <unordered_map>
+
+#include "common.h"
+#include "runtime/context.h"
+#include "runtime/device_checks.h"
+
+namespace tpu::aten {
+
+namespace {
+// Tags keep words of different kinds apart (a None never equals an int 0).
+enum Tag : int64_t {
+  kNone = 1, kUndefined, kTpuTensor, kHostTensor, kScalar, kInt, kDouble, kBool, kIntList, kString, kDevice
+};
+constexpr size_t kMaxEntries = 8192;  // beyond: start over (entries are cheap to rebuild)
+}  // namespace
+
+CallSignature::CallSignature(const OpInfo& info, c10::ArrayRef<c10::IValue> args) {
+  w_.push_back(reinterpret_cast<intptr_t>(&info));
+  // Global settings that reach the plan: eager mode (flattening), device checks, matmul precision.
+  w_.push_back((static_cast<int64_t>(runtime::Context::get().mode()) * 2 + (runtime::device_checks() ? 1 : 0)) * 8 +
+               static_cast<int64_t>(matmul_precision()));
+  bool has_input_tensor = false;
+  for (size_t j = 0; j < args.size() && valid_; ++j) {
+    const c10::IValue& v = args[j];
+    const NamedArg::Hint hint = info.hints[j];
+    if (v.isNone()) {
+      w_.push_back(kNone);
+    } else if (v.isTensor()) {
+      tensor(v.toTensor(), args, j);
+      if (v.toTensor().defined() && v.toTensor().device().type() == kTpu) has_input_tensor = true;
+    } else if (hint == NamedArg::Hint::Scalar && v.isScalar()) {
+      if (v.isComplexDouble()) {
+        valid_ = false;
+        break;
+      }
+      // The kind; the value is an operand, except a small integral one (a plan constant).
+      const auto k = small_int_scalar(v.toScalar());
+      w_.push_back((kScalar * 16 + (v.isDouble() ? 1 : v.isBool() ? 2 : 3)) * 8 + (k ? *k + 2 : 0));
+    } else if (v.isBool()) {
+      w_.push_back(kBool * 16 + v.toBool());
+    } else if (v.isInt()) {
+      w_.push_back(kInt);
+      w_.push_back(v.toInt());
+    } else if (v.isSymInt() && !v.toSymInt().is_heap_allocated()) {
+      w_.push_back(kInt);
+      w_.push_back(v.toSymInt().as_int_unchecked());
+    } else if (v.isDouble()) {
+      double d = v.toDouble();
+      int64_t bits;
+      std::memcpy(&bits, &d, 8);
+      w_.push_back(kDouble);
+      w_.push_back(bits);
+    } else if (v.isIntList()) {
+      w_.push_back(kIntList);
+      w_.push_back(static_cast<int64_t>(v.toIntList().size()));
+      for (int64_t x : v.toIntList()) w_.push_back(x);
+    } else if (v.isBoolList()) {
+      w_.push_back(kIntList + 100);
+      w_.push_back(static_cast<int64_t>(v.toBoolList().size()));
+      for (bool x : v.toBoolList()) w_.push_back(x);
+    } else if (v.isString()) {
+      const std::string& s = v.toStringRef();
+      w_.push_back(kString);
+      w_.push_back(static_cast<int64_t>(s.size()));
+      for (size_t i = 0; i < s.size(); i += 8) {
+        int64_t x = 0;
+        std::memcpy(&x, s.data() + i, std::min<size_t>(8, s.size() - i));
+        w_.push_back(x);
+      }
+    } else if (v.isDevice()) {
+      w_.push_back(kDevice);
+      w_.push_back(static_cast<int64_t>(v.toDevice().type()) * 1024 + v.toDevice().index());
+    } else {
+      valid_ = false;  // lists of tensors, generators, ...: the full path
+    }
+  }
+  // Pure factories are not cached: their scalar values can decide the output's shape (arange).
+  if (!has_input_tensor) valid_ = false;
+}
+
+void CallSignature::tensor(const at::Tensor& t, c10::ArrayRef<c10::IValue> args, size_t j) {
+  if (!t.defined()) {
+    w_.push_back(kUndefined);
+    return;
+  }
+  const auto dtype = static_cast<int64_t>(t.scalar_type());
+  if (t.device().type() != kTpu) {
+    // A 0-d CPU tensor (a wrapped Python scalar or a host scalar) is a host operand.
+    if (!t.device().is_cpu() || t.dim() != 0) {
+      valid_ = false;
+      return;
+    }
+    w_.push_back((kHostTensor * 256 + dtype) * 2 + (t.unsafeGetTensorImpl()->is_wrapped_number() ? 1 : 0));
+    return;
+  }
+  const runtime::StorageState& st = state_of(t);
+  // Which earlier tensor argument shares this storage (slots are per storage).
+  int64_t alias = -1;
+  const c10::StorageImpl* impl = t.storage().unsafeGetStorageImpl();
+  for (size_t i = 0; i < j && alias < 0; ++i)
+    if (args[i].isTensor() && args[i].toTensor().defined() && args[i].toTensor().device().type() == kTpu &&
+        args[i].toTensor().storage().unsafeGetStorageImpl() == impl)
+      alias = static_cast<int64_t>(i);
+  w_.push_back(((kTpuTensor * 256 + dtype) * 64 + t.dim()) * 256 + t.device().index());
+  for (int64_t d : t.sizes()) w_.push_back(d);
+  for (int64_t d : t.strides()) w_.push_back(d);
+  w_.push_back(t.storage_offset());
+  w_.push_back(static_cast<int64_t>(st.nbytes));
+  // The storage's element type decides the plan's slot type (a never-written storage: the tensor's).
+  w_.push_back((st.buffer ? static_cast<int64_t>(st.elem) : -1) * 4096 + alias);
+}
+
+uint64_t CallSignature::hash() const {
+  uint64_t h = 0xcbf29ce484222325ull;
+  for (int64_t x : w_) {
+    h ^= static_cast<uint64_t>(x) + 0x9E3779B97F4A7C15ull + (h << 6) + (h >> 2);
+    h *= 0x100000001b3ull;
+  }
+  return h;
+}
+
+namespace {
+std::shared_mutex table_mu;
+std::unordered_map<uint64_t, std::shared_ptr<const CachedCall>>& table() {
+  static auto* t = std::make_unique<std::unordered_map<uint64_t, std::shared_ptr<const CachedCall>>>().release();
+  return *t;
+}
+}  // namespace
+
+std::shared_ptr<const CachedCall> find_cached_call(const CallSignature& sig) {
+  std::shared_ptr<const CachedCall> hit;
+  {
+    std::shared_lock<std::shared_mutex> lock(table_mu);
+    auto it = table().find(sig.hash());
+    if (it == table().end()) return nullptr;
+    hit = it->second;
+  }
+  const auto& w = sig.words();
+  if (hit->words.size() != w.size() || !std::equal(w.begin(), w.end(), hit->words.begin())) return nullptr;
+  return hit;
+}
+
+void remember_call(const CallSignature& sig, std::shared_ptr<const MetaResult> meta, PlannedCall planned) {
+  if (!planned.cacheable || !planned.plan) return;
+  auto c = std::make_shared<CachedCall>();
+  c->words.assign(sig.words().begin(), sig.words().end());
+  c->meta = std::move(meta);
+  c->plan = std::move(planned.plan);
+  c->program = planned.program;
+  c->slot_src = std::move(planned.slot_src);
+  c->host_src = std::move(planned.host_src);
+  c->device = planned.device;
+  std::unique_lock<std::shared_mutex> lock(table_mu);
+  if (table().size() >= kMaxEntries) table().clear();
+  table()[sig.hash()] = std::move(c);  // a hash collision replaces the older signature
+}
+
+}  // namespace tpu::aten

@@ -1,0 +1,44 @@
+// Small shape helpers shared by the reduction, normalization and loss lowerings.
+#pragma once
+#include <algorithm>
+#include <cstdint>
+#include <vector>
+
+#include "lowering.h"
+
+namespace tpu::lowering {
+
+inline bool contains(const std::vector<int64_t>& dims, int64_t d) {
+  return std::find(dims.begin(), dims.end(), d) != dims.end();
+}
+
+// A result reshaped to the output's shape when the element counts match (they always should).
+inline Value fit(Builder& b, Value v, const Type& o) {
+  if (v.type.numel() == o.numel()) return b.reshape(v, o.shape);
+  return v;
+}
+
+// Sum over `dims`, which are dropped from the shape.
+inline Value sum_drop(Builder& b, Value x, const std::vector<int64_t>& dims) {
+  return b.reduce(x, b.constant_i(0, x.elem()), dims, "add");
+}
+
+inline std::vector<int64_t> all_dims(int64_t rank) {
+  std::vector<int64_t> d;
+  for (int64_t i = 0; i < rank; ++i) d.push_back(i);
+  return d;
+}
+
+// The broadcast of two shapes (numpy rules; the shapes are known to be compatible).
+inline Shape bcast_shape(const Shape& a, const Shape& b) {
+  size_t n = std::max(a.size(), b.size());
+  Shape r(n, 1);
+  for (size_t i = 0; i < n; ++i) {
+    int64_t da = i < n - a.size() ? 1 : a[i - (n - a.size())];
+    int64_t db = i < n - b.size() ? 1 : b[i - (n - b.size())];
+    r[i] = da == 1 ? db : da;
+  }
+  return r;
+}
+
+}  // namespace tpu::lowering
