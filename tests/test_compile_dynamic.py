@@ -11,7 +11,6 @@ import torch_tpu
 from torch_tpu._internal import dynamic_shapes
 
 
-
 @pytest.fixture(autouse=True)
 def _fresh_dynamo() -> None:
     """Dynamo remembers sizes per code object across tests (automatic dynamic): a model forward
