@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 from collections.abc import Iterator
 from typing import Any
 
@@ -13,6 +16,15 @@ import torch
 import torch_tpu  # (also loaded by `import torch` through the entry point)
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# PyTorch's compile caches (AOTAutogradCache, FX graph cache, Dynamo packages) start empty in each
+# test session, as on a clean machine: otherwise entries an earlier run left in
+# /tmp/torchinductor_<user> serve the graphs, and tests that look at what the backend builds see
+# nothing built. An explicit TORCHINDUCTOR_CACHE_DIR is kept.
+if not os.environ.get("TORCHINDUCTOR_CACHE_DIR"):
+    _INDUCTOR_DIR = tempfile.mkdtemp(prefix="torch_tpu_tests_inductor_")
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = _INDUCTOR_DIR
+    atexit.register(shutil.rmtree, _INDUCTOR_DIR, ignore_errors=True)
 
 
 def run_python(code: str, env: dict[str, str] | None = None, timeout: int = 300) -> subprocess.CompletedProcess:

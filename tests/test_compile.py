@@ -273,7 +273,21 @@ def _fx_ops(monkeypatch: pytest.MonkeyPatch) -> list[list[str]]:
         return describe(self)
 
     monkeypatch.setattr(tpu_compile._Describer, "describe", record)
+    # A graph served by AOTAutogradCache (an earlier run on this machine) is never described.
+    patch = torch._functorch.config.patch(enable_autograd_cache=False)
+    patch.__enter__()
+    _PATCHES.append(patch)  # undone after the test (_undo_config_patches)
     return graphs
+
+
+_PATCHES: list[Any] = []
+
+
+@pytest.fixture(autouse=True)
+def _undo_config_patches() -> Any:
+    yield
+    while _PATCHES:
+        _PATCHES.pop().__exit__(None, None, None)
 
 
 _FUSED = "aten._scaled_dot_product_fused_attention_overrideable.default"

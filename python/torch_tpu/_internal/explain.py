@@ -44,10 +44,9 @@ class Explanation:
             lines.append(f"  [{r.source:7s} {r.ms:8.1f} ms] {r.op}: {r.reason}")
         if self.buckets:
             lines.append("dynamic-shape programs (bucket each serves):")
-            for bk in self.buckets:
-                sizes = ", ".join(f"{k}{'<=' if bk['kind'] == 'padded' else '='}{v}" for k, v in bk["bucket"].items())
+            for bk in self.buckets:  # the name carries the bucket: s<=B padded, s=v exact
                 why = f" ({bk['reason']})" if bk["reason"] else ""
-                lines.append(f"  {bk['graph']}: {bk['kind']} {sizes}{why}")
+                lines.append(f"  {bk['graph']}: {bk['kind']}{why}")
         if self.fallbacks:
             lines.append("CPU fallbacks:")
             for op, n in sorted(self.fallbacks.items(), key=lambda kv: -kv[1]):
