@@ -26,12 +26,6 @@
 
 namespace tpu::aten {
 
-std::vector<std::string> graph_arg_kind_names() {
-#define TPU_GRAPH_ARG_KIND(k) #k,
-  return {TPU_GRAPH_ARG_KINDS(TPU_GRAPH_ARG_KIND)};
-#undef TPU_GRAPH_ARG_KIND
-}
-
 using lowering::Arg;
 using shlo::ElemType;
 using shlo::Type;

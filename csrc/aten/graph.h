@@ -8,18 +8,8 @@
 
 namespace tpu::aten {
 
-// One graph argument. Its kinds and the field order of the tuple Python sends are defined here
-// once: the extension exports both (_C._graph_arg_kinds / _graph_arg_fields) and compile.py builds
-// its GraphArgKind enum and GraphArg tuple from them.
-#define TPU_GRAPH_ARG_KINDS(X) \
-  X(None) X(Ref) X(RefList) X(OptRefList) X(ScalarRef) X(Int) X(IntList) X(Double) X(Bool) X(Str) X(DType) \
-  X(ScalarF) X(ScalarI) X(ScalarB)
 struct GArg {
-#define TPU_GRAPH_ARG_KIND(k) k,
-  enum class Kind { TPU_GRAPH_ARG_KINDS(TPU_GRAPH_ARG_KIND) };
-#undef TPU_GRAPH_ARG_KIND
-  // Ref*: value ids in `ints`; Scalar{F,I,B}/Int/Bool: `i` or `d`; Str: `s`; DType: `i`.
-  static constexpr const char* kFields[] = {"name", "kind", "i", "d", "s", "ints"};
+  enum class Kind { None, Ref, RefList, OptRefList, ScalarRef, Int, IntList, Double, Bool, Str, DType, ScalarF, ScalarI, ScalarB };
   std::string name;
   Kind kind = Kind::None;
   int64_t i = 0;
@@ -57,9 +47,6 @@ struct GraphDesc {
   bool plain_outputs = false;   // graph_text for export: outputs as shaped values
   int precision = -1;           // shlo::Precision of contractions; -1: matmul_precision() now
 };
-
-// GArg::Kind names in enum order (the Python side's GraphArgKind).
-std::vector<std::string> graph_arg_kind_names();
 
 // Builds and compiles the program; returns a graph id for run_graph.
 int64_t build_graph(const GraphDesc& desc);

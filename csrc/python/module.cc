@@ -40,7 +40,7 @@ tpu::aten::GType gtype(const py::tuple& t) {
 
 // desc: {"name", "inputs": [(dtype, sizes)], "nodes": [(op, overload, args, out_ids, out_types)],
 //        "outputs": [value id], "output_types": [(dtype, sizes, strides)], "mutations": [(input, id)]}
-// args: GraphArg tuples, fields in tpu::aten::GArg::kFields order (name, kind, i, d, s, ints).
+// args: [(name, kind, int, float, str, [ints])] with kind = tpu::aten::GArg::Kind as int.
 tpu::aten::GraphDesc graph_desc(const py::dict& d) {
   tpu::aten::GraphDesc g;
   g.name = d["name"].cast<std::string>();
@@ -281,11 +281,6 @@ PYBIND11_MODULE(_C, m) {
   m.def("_matmul_precision", [] { return static_cast<int>(tpu::aten::matmul_precision()); });
   m.def("_set_precision_override", &tpu::aten::set_precision_override);
   m.def("_precision_override", &tpu::aten::precision_override);
-  m.def("_graph_arg_kinds", [] { return tpu::aten::graph_arg_kind_names(); });
-  m.def("_graph_arg_fields", [] {
-    std::vector<std::string> f(std::begin(tpu::aten::GArg::kFields), std::end(tpu::aten::GArg::kFields));
-    return f;
-  });
   m.def("_graph_text", [](const py::dict& d) { return tpu::aten::graph_text(graph_desc(d)); });
   m.def("_graph_unsupported", [](const py::dict& d) { return tpu::aten::unsupported_ops(graph_desc(d)); });
   m.def("_lowered_ops", [] { return tpu::lowering::registered_ops(); });

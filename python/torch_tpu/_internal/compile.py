@@ -13,9 +13,7 @@ that refuses the arguments) is split: the rest runs as compiled pieces, those no
 
 from __future__ import annotations
 
-import collections
 import contextlib
-import enum
 import functools
 import operator
 import re
@@ -36,14 +34,9 @@ _DTYPE_INDEX = {
     torch.uint32: 28, torch.uint64: 29,
 }
 
-# One graph argument as csrc/aten/graph.h defines it (GArg): the kinds and the tuple's fields
-# come from the extension, so the two sides cannot drift apart.
-GraphArgKind = enum.IntEnum(  # type: ignore[misc]
-    "GraphArgKind", [(n.upper(), i) for i, n in enumerate(_C._graph_arg_kinds())], module=__name__
-)
-GraphArg = collections.namedtuple(  # type: ignore[misc]
-    "GraphArg", _C._graph_arg_fields(), defaults=(0, 0.0, "", ())
-)
+# GArg::Kind in csrc/aten/graph.h
+K_NONE, K_REF, K_REFLIST, K_OPTREFLIST, K_SCALARREF, K_INT, K_INTLIST, K_DOUBLE, K_BOOL, K_STR, K_DTYPE, \
+    K_SCALARF, K_SCALARI, K_SCALARB = range(14)
 
 
 class Unsupported(Exception):
@@ -161,26 +154,26 @@ class _Describer:
         v = self._concrete(v)
         number = _is_number_type(schema_arg)
         if isinstance(v, torch.fx.Node):
-            return GraphArg(name, GraphArgKind.SCALARREF if number else GraphArgKind.REF, ints=[self.ref(v)])
+            return (name, K_SCALARREF if number else K_REF, 0, 0.0, "", [self.ref(v)])
         if isinstance(v, (list, tuple)) and any(isinstance(e, torch.fx.Node) for e in v) or (
             isinstance(v, (list, tuple)) and "Tensor" in str(schema_arg.type)
         ):
             opt = "Optional[Tensor]" in str(schema_arg.type) or "Tensor?" in str(schema_arg.type)
-            return GraphArg(name, GraphArgKind.OPTREFLIST if opt else GraphArgKind.REFLIST, ints=[-1 if e is None else self.ref(e) for e in v])
+            return (name, K_OPTREFLIST if opt else K_REFLIST, 0, 0.0, "", [-1 if e is None else self.ref(e) for e in v])
         if v is None or isinstance(v, (torch.device, torch.layout, torch.memory_format)):
-            return GraphArg(name, GraphArgKind.NONE)
+            return (name, K_NONE, 0, 0.0, "", [])
         if isinstance(v, bool):
-            return GraphArg(name, GraphArgKind.SCALARB if number else GraphArgKind.BOOL, i=int(v))
+            return (name, K_SCALARB if number else K_BOOL, int(v), 0.0, "", [])
         if isinstance(v, int):
-            return GraphArg(name, GraphArgKind.SCALARI if number else GraphArgKind.INT, i=v)
+            return (name, K_SCALARI if number else K_INT, v, 0.0, "", [])
         if isinstance(v, float):
-            return GraphArg(name, GraphArgKind.SCALARF if number else GraphArgKind.DOUBLE, d=v)
+            return (name, K_SCALARF if number else K_DOUBLE, 0, v, "", [])
         if isinstance(v, torch.dtype):
-            return GraphArg(name, GraphArgKind.DTYPE, i=_dtype(v))
+            return (name, K_DTYPE, _dtype(v), 0.0, "", [])
         if isinstance(v, str):
-            return GraphArg(name, GraphArgKind.STR, s=v)
+            return (name, K_STR, 0, 0.0, v, [])
         if isinstance(v, (list, tuple)) and all(isinstance(e, (int, bool)) for e in v):
-            return GraphArg(name, GraphArgKind.INTLIST, ints=[int(e) for e in v])
+            return (name, K_INTLIST, 0, 0.0, "", [int(e) for e in v])
         raise Unsupported(f"argument {name}={v!r}")
 
     def jax_node(self, n: torch.fx.Node, op: torch._ops.OpOverload, jop: Any) -> tuple:
@@ -202,7 +195,7 @@ class _Describer:
         vals = list(val) if isinstance(val, (list, tuple)) else [val]
         out_ids = [self.new_id() for _ in vals]
         self.ids[n] = out_ids if isinstance(val, (list, tuple)) else out_ids[0]
-        args = [GraphArg("args", GraphArgKind.REFLIST, ints=refs), GraphArg("kernel", GraphArgKind.STR, s=kernel.key)]
+        args = [("args", K_REFLIST, 0, 0.0, "", refs), ("kernel", K_STR, 0, 0.0, kernel.key, [])]
         return ("jax_call", "", args, out_ids, [_tensor_type(v) for v in vals])
 
     def describe(self) -> tuple[dict[str, Any], list[tuple[str, Any]]]:
@@ -291,7 +284,7 @@ class _Describer:
             out_id = self.new_id()
             self.ids[n] = out_id
             self.node_of.append(n)
-            nodes.append(("_to_copy", "", [GraphArg("self", GraphArgKind.REF, ints=[self.ref(n.args[0])])], [out_id],
+            nodes.append(("_to_copy", "", [("self", K_REF, 0, 0.0, "", [self.ref(n.args[0])])], [out_id],
                           [_tensor_type(n.meta["val"])]))
             return
         jop = _jax_op_of(op)
@@ -311,7 +304,7 @@ class _Describer:
             bound = [(a, v) for a, v in bound if a.name != "generator"]
         args = [self.arg(a, v) for a, v in bound]
         if n in self.rng:
-            args.append(GraphArg("generator", GraphArgKind.REF, ints=[self.rng[n]]))
+            args.append(("generator", K_REF, 0, 0.0, "", [self.rng[n]]))
         val = n.meta.get("val")
         vals = list(val) if isinstance(val, (list, tuple)) else [val]
         out_ids, out_types = [], []
