@@ -47,6 +47,29 @@ def test_device_module_surface() -> None:
     assert 0 < free <= total
 
 
+def test_stream_and_event_query_do_not_wait() -> None:
+    from torch_tpu import EagerMode, get_eager_mode, set_eager_mode
+
+    s, e = torch.tpu.current_stream(), torch.tpu.Event()
+    x = torch.randn(256, 256, device="tpu")
+    y = x @ x
+    e.record(s)
+    assert isinstance(s.query(), bool) and isinstance(e.query(), bool)  # the guard's queryStream
+    torch.tpu.synchronize()
+    assert s.query() and e.query() and torch.Stream(device="tpu").query()
+    # Fused eager: a query launches the pending program (it is not reported done unlaunched).
+    old = get_eager_mode()
+    set_eager_mode(EagerMode.DEFER_AND_FUSE)
+    try:
+        z = y * 2 + 1
+        s.query()
+        torch.tpu.synchronize()
+        assert s.query()
+    finally:
+        set_eager_mode(old)
+    torch.testing.assert_close(z.cpu(), (x.cpu() @ x.cpu()) * 2 + 1, rtol=1e-4, atol=1e-4)
+
+
 def test_generated_methods() -> None:
     x = torch.arange(4.0).tpu()
     assert x.device.type == "tpu" and x.is_tpu

@@ -3,6 +3,7 @@
 // (CompositeExplicitAutograd) throws, also on meta tensors; the runtime needs their output
 // metadata to run the lowerings in csrc/lowering/convolution.cc.
 #include <ATen/ATen.h>
+#include <ATen/native/ConvUtils.h>
 #include <torch/library.h>
 
 #include <array>
@@ -11,9 +12,11 @@
 namespace tpu::aten {
 namespace {
 
-int64_t at_or_first(c10::SymIntArrayRef v, size_t i, int64_t dflt) {
-  if (v.empty()) return dflt;
-  return (v.size() == 1 ? v[0] : v.at(i)).expect_int();
+// One value per spatial dim: a single value stands for all of them, an empty list for `dflt`.
+std::vector<int64_t> per_dim(c10::SymIntArrayRef v, size_t n, int64_t dflt) {
+  std::vector<int64_t> r(n, dflt);
+  for (size_t i = 0; i < n && !v.empty(); ++i) r[i] = (v.size() == 1 ? v[0] : v.at(i)).expect_int();
+  return r;
 }
 
 at::Tensor convolution_overrideable_meta(const at::Tensor& input, const at::Tensor& weight,
@@ -23,20 +26,13 @@ at::Tensor convolution_overrideable_meta(const at::Tensor& input, const at::Tens
                                          c10::SymIntArrayRef output_padding, c10::SymInt groups) {
   TORCH_CHECK(input.dim() >= 3 && weight.dim() == input.dim(),
               "convolution_overrideable: expected batched input and weight of the same rank");
-  const int64_t g = groups.expect_int();
-  std::vector<int64_t> out{input.size(0), transposed ? weight.size(1) * g : weight.size(0)};
-  for (int64_t i = 2; i < input.dim(); ++i) {
-    const size_t j = static_cast<size_t>(i - 2);
-    int64_t in = input.size(i), k = weight.size(i);
-    int64_t s = at_or_first(stride, j, 1), p = at_or_first(padding, j, 0),
-            d = at_or_first(dilation, j, 1);
-    if (transposed) {
-      int64_t op = at_or_first(output_padding, j, 0);
-      out.push_back((in - 1) * s - 2 * p + d * (k - 1) + op + 1);
-    } else {
-      out.push_back((in + 2 * p - d * (k - 1) - 1) / s + 1);
-    }
-  }
+  const size_t n = static_cast<size_t>(input.dim() - 2);
+  const auto s = per_dim(stride, n, 1), p = per_dim(padding, n, 0), d = per_dim(dilation, n, 1);
+  // PyTorch's own size rules (a transposed convolution's output is its input-size rule).
+  const std::vector<int64_t> out =
+      transposed ? at::native::conv_input_size(input.sizes(), weight.sizes(), p, per_dim(output_padding, n, 0), s, d,
+                                               groups.expect_int())
+                 : at::native::conv_output_size(input.sizes(), weight.sizes(), p, s, d);
   return at::empty(out, input.options().device(c10::kMeta));
 }
 

@@ -55,7 +55,7 @@ int64_t span_of(const std::vector<int64_t>& sizes, const std::vector<int64_t>& s
   return n;
 }
 
-c10::ScalarType common_dtype(const GNode& node, const std::unordered_map<int64_t, Value>& vals) {
+c10::ScalarType common_dtype(const GraphNode& node, const std::unordered_map<int64_t, Value>& vals) {
   at::native::ResultTypeState st{};
   bool any = false;
   auto add_tensor = [&](const Value& v) {
@@ -69,18 +69,18 @@ c10::ScalarType common_dtype(const GNode& node, const std::unordered_map<int64_t
     st = at::native::update_result_type_state(w, st);
     any = true;
   };
-  for (const GArg& a : node.args) {
+  for (const GraphArg& a : node.args) {
     if (a.name == "out" || a.name == "generator") continue;
     switch (a.kind) {
-      case GArg::Kind::Ref: add_tensor(vals.at(a.ints[0])); break;
-      case GArg::Kind::ScalarRef: {
-        const Value& v = vals.at(a.ints[0]);
+      case ArgKind::Tensor: add_tensor(vals.at(a.value_ids[0])); break;
+      case ArgKind::NumberValue: {
+        const Value& v = vals.at(a.value_ids[0]);
         add_scalar(shlo::is_float(v.elem()) ? at::kDouble : v.elem() == ElemType::Pred ? at::kBool : at::kLong);
         break;
       }
-      case GArg::Kind::ScalarF: add_scalar(at::kDouble); break;
-      case GArg::Kind::ScalarI: add_scalar(at::kLong); break;
-      case GArg::Kind::ScalarB: add_scalar(at::kBool); break;
+      case ArgKind::FloatScalar: add_scalar(at::kDouble); break;
+      case ArgKind::IntScalar: add_scalar(at::kLong); break;
+      case ArgKind::BoolScalar: add_scalar(at::kBool); break;
       default: break;
     }
   }
@@ -92,7 +92,7 @@ c10::ScalarType common_dtype(const GNode& node, const std::unordered_map<int64_t
 
 std::vector<std::string> unsupported_ops(const GraphDesc& desc) {
   std::vector<std::string> out;
-  for (const GNode& n : desc.nodes)
+  for (const GraphNode& n : desc.nodes)
     if (!lowering::find_op(n.op)) out.push_back(n.op + "." + n.overload);
   return out;
 }
@@ -108,40 +108,40 @@ std::string graph_module(const GraphDesc& desc, std::vector<int64_t>& out_numel,
   for (size_t i = 0; i < desc.inputs.size(); ++i)
     vals[static_cast<int64_t>(i)] = b.arg(Type{elem_of(static_cast<c10::ScalarType>(desc.inputs[i].dtype)), desc.inputs[i].sizes});
   for (size_t node_index = 0; node_index < desc.nodes.size(); ++node_index) {
-    const GNode& node = desc.nodes[node_index];
+    const GraphNode& node = desc.nodes[node_index];
     const lowering::OpEntry* entry = lowering::find_op(node.op);
     TORCH_CHECK(entry, "torch_tpu: no lowering for aten::", node.op, " in the compiled graph");
     lowering::OpCall call;
     call.name = node.op;
     call.overload = node.overload;
     call.common = elem_of(common_dtype(node, vals));
-    for (const GArg& ga : node.args) {
+    for (const GraphArg& arg : node.args) {
       Arg a;
-      switch (ga.kind) {
-        case GArg::Kind::None: a.kind = Arg::Kind::None; break;
-        case GArg::Kind::Ref: a.kind = Arg::Kind::Tensor; a.tensor = vals.at(ga.ints[0]); break;
-        case GArg::Kind::RefList:
-        case GArg::Kind::OptRefList:
-          a.kind = ga.kind == GArg::Kind::RefList ? Arg::Kind::TensorList : Arg::Kind::OptTensorList;
-          for (int64_t id : ga.ints) {
+      switch (arg.kind) {
+        case ArgKind::None: a.kind = Arg::Kind::None; break;
+        case ArgKind::Tensor: a.kind = Arg::Kind::Tensor; a.tensor = vals.at(arg.value_ids[0]); break;
+        case ArgKind::TensorList:
+        case ArgKind::OptionalTensorList:
+          a.kind = arg.kind == ArgKind::TensorList ? Arg::Kind::TensorList : Arg::Kind::OptTensorList;
+          for (int64_t id : arg.value_ids) {
             if (id < 0) a.tensors.push_back(std::nullopt);
             else a.tensors.push_back(vals.at(id));
           }
           break;
-        case GArg::Kind::ScalarRef: a.kind = Arg::Kind::Scalar; a.scalar = vals.at(ga.ints[0]); break;
-        case GArg::Kind::ScalarF: a.kind = Arg::Kind::Scalar; a.scalar = b.constant_f(ga.d, ElemType::F64); break;
-        case GArg::Kind::ScalarI: a.kind = Arg::Kind::Scalar; a.scalar = b.constant_i(ga.i, ElemType::S64); break;
-        case GArg::Kind::ScalarB: a.kind = Arg::Kind::Scalar; a.scalar = b.constant_i(ga.i, ElemType::Pred); break;
-        case GArg::Kind::Int: a.kind = Arg::Kind::Int; a.i = ga.i; break;
-        case GArg::Kind::IntList: a.kind = Arg::Kind::IntList; a.ints = ga.ints; break;
-        case GArg::Kind::Double: a.kind = Arg::Kind::Double; a.d = ga.d; break;
-        case GArg::Kind::Bool: a.kind = Arg::Kind::Bool; a.b = ga.i != 0; break;
-        case GArg::Kind::Str: a.kind = Arg::Kind::String; a.s = ga.s; break;
-        case GArg::Kind::DType: a.kind = Arg::Kind::DType; a.dtype = elem_of(static_cast<c10::ScalarType>(ga.i)); break;
+        case ArgKind::NumberValue: a.kind = Arg::Kind::Scalar; a.scalar = vals.at(arg.value_ids[0]); break;
+        case ArgKind::FloatScalar: a.kind = Arg::Kind::Scalar; a.scalar = b.constant_f(arg.double_value, ElemType::F64); break;
+        case ArgKind::IntScalar: a.kind = Arg::Kind::Scalar; a.scalar = b.constant_i(arg.int_value, ElemType::S64); break;
+        case ArgKind::BoolScalar: a.kind = Arg::Kind::Scalar; a.scalar = b.constant_i(arg.int_value, ElemType::Pred); break;
+        case ArgKind::Int: a.kind = Arg::Kind::Int; a.i = arg.int_value; break;
+        case ArgKind::IntList: a.kind = Arg::Kind::IntList; a.ints = arg.ints; break;
+        case ArgKind::Double: a.kind = Arg::Kind::Double; a.d = arg.double_value; break;
+        case ArgKind::Bool: a.kind = Arg::Kind::Bool; a.b = arg.int_value != 0; break;
+        case ArgKind::String: a.kind = Arg::Kind::String; a.s = arg.string_value; break;
+        case ArgKind::DType: a.kind = Arg::Kind::DType; a.dtype = elem_of(static_cast<c10::ScalarType>(arg.int_value)); break;
       }
-      call.args.emplace_back(ga.name, std::move(a));
+      call.args.emplace_back(arg.name, std::move(a));
     }
-    for (const GType& t : node.out_types)
+    for (const TensorType& t : node.out_types)
       call.outs.push_back(Type{t.dtype < 0 ? ElemType::F32 : elem_of(static_cast<c10::ScalarType>(t.dtype)), t.sizes});
     std::vector<Value> res;
     // Empty results hold no data: zeros of the right type (lowerings need not handle 0-size reads).
@@ -176,7 +176,7 @@ std::string graph_module(const GraphDesc& desc, std::vector<int64_t>& out_numel,
   }
   std::vector<Value> results;
   for (size_t i = 0; i < desc.outputs.size(); ++i) {
-    const GType& t = desc.output_types[i];
+    const TensorType& t = desc.output_types[i];
     ElemType e = elem_of(static_cast<c10::ScalarType>(t.dtype));
     Value v = b.convert(vals.at(desc.outputs[i]), e);
     if (v.shape() != t.sizes) v = b.reshape(v, t.sizes);
@@ -191,7 +191,7 @@ std::string graph_module(const GraphDesc& desc, std::vector<int64_t>& out_numel,
     out_numel.push_back(n);
   }
   for (const auto& [input, id] : desc.mutations) {
-    const GType& t = desc.inputs[input];
+    const TensorType& t = desc.inputs[input];
     Value v = b.convert(vals.at(id), elem_of(static_cast<c10::ScalarType>(t.dtype)));
     if (v.shape() != t.sizes) v = b.reshape(v, t.sizes);
     b.alias(static_cast<int>(input), static_cast<int>(results.size()));
@@ -317,7 +317,7 @@ std::vector<at::Tensor> run_graph(int64_t id, at::TensorList given) {
   c10::DeviceGuard guard(c10::Device(kTpu, static_cast<c10::DeviceIndex>(device)));
   std::vector<at::Tensor> outs;
   for (size_t i = 0; i < d.outputs.size(); ++i) {
-    const GType& t = d.output_types[i];
+    const TensorType& t = d.output_types[i];
     at::ScalarType st = static_cast<c10::ScalarType>(t.dtype);
     at::Tensor o = at::empty_strided(t.sizes, t.strides, at::TensorOptions().dtype(st).device(c10::Device(kTpu, device)));
     if (g->out_numel[i] > 0) {

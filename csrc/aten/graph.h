@@ -8,35 +8,54 @@
 
 namespace tpu::aten {
 
-struct GArg {
-  enum class Kind { None, Ref, RefList, OptRefList, ScalarRef, Int, IntList, Double, Bool, Str, DType, ScalarF, ScalarI, ScalarB };
-  std::string name;
-  Kind kind = Kind::None;
-  int64_t i = 0;
-  double d = 0;
-  std::string s;
-  std::vector<int64_t> ints;  // IntList, or value ids for Ref lists (-1 = None)
+// How one argument of a graph node is given. Bound to Python as torch_tpu._C.ArgKind, which the
+// describer (python/torch_tpu/_internal/compile.py) uses: this enum is the one definition.
+enum class ArgKind : int {
+  None,                // None, or a device / layout / memory_format: nothing for the lowering
+  Tensor,              // value_ids[0]
+  TensorList,          // value_ids
+  OptionalTensorList,  // value_ids, -1 = None
+  NumberValue,         // a Scalar argument computed in the graph: value_ids[0] is a 0-d value
+  Int,                 // int_value
+  IntList,             // ints
+  Double,              // double_value
+  Bool,                // int_value (0 / 1)
+  String,              // string_value
+  DType,               // int_value = c10::ScalarType
+  FloatScalar,         // a constant Python float for a Scalar argument: double_value
+  IntScalar,           // ... a Python int: int_value
+  BoolScalar,          // ... a Python bool: int_value
 };
 
-struct GType {
-  int dtype;  // c10::ScalarType
+struct GraphArg {
+  std::string name;  // the schema argument's name
+  ArgKind kind = ArgKind::None;
+  int64_t int_value = 0;
+  double double_value = 0;
+  std::string string_value;
+  std::vector<int64_t> ints;
+  std::vector<int64_t> value_ids;  // graph values this argument reads
+};
+
+struct TensorType {
+  int dtype = -1;  // c10::ScalarType; -1 = no tensor (an unused optional output)
   std::vector<int64_t> sizes;
-  std::vector<int64_t> strides;  // outputs only
+  std::vector<int64_t> strides;  // graph outputs only
 };
 
-struct GNode {
+struct GraphNode {
   std::string op;        // ATen base name ("add", "native_layer_norm")
   std::string overload;  // "Tensor"
-  std::vector<GArg> args;
+  std::vector<GraphArg> args;
   std::vector<int64_t> out_ids;  // value id per returned tensor (-1 = unused/None)
-  std::vector<GType> out_types;
+  std::vector<TensorType> out_types;
 };
 
 struct GraphDesc {
-  std::vector<GType> inputs;      // value ids 0..n-1; 0-d CPU scalars allowed at run time
-  std::vector<GNode> nodes;
+  std::vector<TensorType> inputs;      // value ids 0..n-1; 0-d CPU scalars allowed at run time
+  std::vector<GraphNode> nodes;
   std::vector<int64_t> outputs;   // value id per graph output that the program produces
-  std::vector<GType> output_types;  // sizes + strides for each
+  std::vector<TensorType> output_types;  // sizes + strides for each
   std::vector<std::pair<int64_t, int64_t>> mutations;  // (input index, value id written)
   // (input index, Philox counters consumed) per random op: inputs that run_graph fills with the
   // device generator's state (u64[2] = seed, offset), advancing it as eager random ops do. They

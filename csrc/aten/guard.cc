@@ -65,7 +65,12 @@ c10::DeviceIndex TpuGuardImpl::deviceCount() const noexcept {
   }
 }
 
-bool TpuGuardImpl::queryStream(const c10::Stream&) const { return runtime::Executor::get().idle(); }
+// Done = nothing pending and nothing in flight: fused eager's pending ops are launched (not
+// waited for) first, so a query never reports unlaunched work as finished.
+bool TpuGuardImpl::queryStream(const c10::Stream&) const {
+  fused_flush();
+  return runtime::Executor::get().idle();
+}
 
 void TpuGuardImpl::synchronizeStream(const c10::Stream&) const { runtime::Executor::get().synchronize(); }
 
@@ -78,7 +83,10 @@ void TpuGuardImpl::record(void**, const c10::Stream&, const c10::DeviceIndex, co
 
 void TpuGuardImpl::block(void*, const c10::Stream&) const {}
 
-bool TpuGuardImpl::queryEvent(void*) const { return runtime::Executor::get().idle(); }
+bool TpuGuardImpl::queryEvent(void*) const {
+  fused_flush();
+  return runtime::Executor::get().idle();
+}
 
 void TpuGuardImpl::synchronizeEvent(void*) const { runtime::Executor::get().synchronize(); }
 

@@ -30,43 +30,99 @@ namespace {
 
 using tpu::runtime::Context;
 
-tpu::aten::GType gtype(const py::tuple& t) {
-  tpu::aten::GType g;
-  g.dtype = t[0].cast<int>();
-  g.sizes = t[1].cast<std::vector<int64_t>>();
-  if (t.size() > 2) g.strides = t[2].cast<std::vector<int64_t>>();
-  return g;
+using tpu::aten::ArgKind;
+using tpu::aten::GraphArg;
+using tpu::aten::GraphNode;
+using tpu::aten::TensorType;
+
+// The graph description's value types, bound as classes with named fields: the Python describer
+// builds them directly, so the schema is these structs (csrc/aten/graph.h) and nothing else.
+// Picklable: warm start keeps descriptions in the AOTAutograd cache.
+void bind_graph_schema(py::module_& m) {
+  py::enum_<ArgKind>(m, "ArgKind")
+      .value("NONE", ArgKind::None)
+      .value("TENSOR", ArgKind::Tensor)
+      .value("TENSOR_LIST", ArgKind::TensorList)
+      .value("OPTIONAL_TENSOR_LIST", ArgKind::OptionalTensorList)
+      .value("NUMBER_VALUE", ArgKind::NumberValue)
+      .value("INT", ArgKind::Int)
+      .value("INT_LIST", ArgKind::IntList)
+      .value("DOUBLE", ArgKind::Double)
+      .value("BOOL", ArgKind::Bool)
+      .value("STRING", ArgKind::String)
+      .value("DTYPE", ArgKind::DType)
+      .value("FLOAT_SCALAR", ArgKind::FloatScalar)
+      .value("INT_SCALAR", ArgKind::IntScalar)
+      .value("BOOL_SCALAR", ArgKind::BoolScalar);
+  py::class_<TensorType>(m, "TensorType")
+      .def(py::init([](int dtype, std::vector<int64_t> sizes, std::vector<int64_t> strides) {
+             return TensorType{dtype, std::move(sizes), std::move(strides)};
+           }),
+           py::arg("dtype"), py::arg("sizes"), py::arg("strides") = std::vector<int64_t>{})
+      .def_readwrite("dtype", &TensorType::dtype)
+      .def_readwrite("sizes", &TensorType::sizes)
+      .def_readwrite("strides", &TensorType::strides)
+      .def(py::pickle([](const TensorType& t) { return py::make_tuple(t.dtype, t.sizes, t.strides); },
+                      [](const py::tuple& s) {
+                        return TensorType{s[0].cast<int>(), s[1].cast<std::vector<int64_t>>(),
+                                          s[2].cast<std::vector<int64_t>>()};
+                      }));
+  py::class_<GraphArg>(m, "GraphArg")
+      .def(py::init([](std::string name, ArgKind kind, int64_t int_value, double double_value,
+                       std::string string_value, std::vector<int64_t> ints, std::vector<int64_t> value_ids) {
+             return GraphArg{std::move(name), kind, int_value, double_value, std::move(string_value),
+                             std::move(ints), std::move(value_ids)};
+           }),
+           py::arg("name"), py::arg("kind"), py::arg("int_value") = 0, py::arg("double_value") = 0.0,
+           py::arg("string_value") = "", py::arg("ints") = std::vector<int64_t>{},
+           py::arg("value_ids") = std::vector<int64_t>{})
+      .def_readwrite("name", &GraphArg::name)
+      .def_readwrite("kind", &GraphArg::kind)
+      .def_readwrite("int_value", &GraphArg::int_value)
+      .def_readwrite("double_value", &GraphArg::double_value)
+      .def_readwrite("string_value", &GraphArg::string_value)
+      .def_readwrite("ints", &GraphArg::ints)
+      .def_readwrite("value_ids", &GraphArg::value_ids)
+      .def(py::pickle(
+          [](const GraphArg& a) {
+            return py::make_tuple(a.name, static_cast<int>(a.kind), a.int_value, a.double_value, a.string_value,
+                                  a.ints, a.value_ids);
+          },
+          [](const py::tuple& s) {
+            return GraphArg{s[0].cast<std::string>(), static_cast<ArgKind>(s[1].cast<int>()), s[2].cast<int64_t>(),
+                            s[3].cast<double>(), s[4].cast<std::string>(), s[5].cast<std::vector<int64_t>>(),
+                            s[6].cast<std::vector<int64_t>>()};
+          }));
+  py::class_<GraphNode>(m, "GraphNode")
+      .def(py::init([](std::string op, std::string overload, std::vector<GraphArg> args, std::vector<int64_t> out_ids,
+                       std::vector<TensorType> out_types) {
+             return GraphNode{std::move(op), std::move(overload), std::move(args), std::move(out_ids),
+                              std::move(out_types)};
+           }),
+           py::arg("op"), py::arg("overload"), py::arg("args"), py::arg("out_ids"), py::arg("out_types"))
+      .def_readwrite("op", &GraphNode::op)
+      .def_readwrite("overload", &GraphNode::overload)
+      .def_readwrite("args", &GraphNode::args)
+      .def_readwrite("out_ids", &GraphNode::out_ids)
+      .def_readwrite("out_types", &GraphNode::out_types)
+      .def(py::pickle(
+          [](const GraphNode& n) { return py::make_tuple(n.op, n.overload, n.args, n.out_ids, n.out_types); },
+          [](const py::tuple& s) {
+            return GraphNode{s[0].cast<std::string>(), s[1].cast<std::string>(), s[2].cast<std::vector<GraphArg>>(),
+                             s[3].cast<std::vector<int64_t>>(), s[4].cast<std::vector<TensorType>>()};
+          }));
 }
 
-// desc: {"name", "inputs": [(dtype, sizes)], "nodes": [(op, overload, args, out_ids, out_types)],
-//        "outputs": [value id], "output_types": [(dtype, sizes, strides)], "mutations": [(input, id)]}
-// args: [(name, kind, int, float, str, [ints])] with kind = tpu::aten::GArg::Kind as int.
+// desc: {"name", "inputs": [TensorType], "nodes": [GraphNode], "outputs": [value id],
+//        "output_types": [TensorType with strides], "mutations": [(input, id)], "rng": [(input, counters)],
+//        optional "compile_options", "plain_outputs", "precision"}: the fields of GraphDesc.
 tpu::aten::GraphDesc graph_desc(const py::dict& d) {
   tpu::aten::GraphDesc g;
   g.name = d["name"].cast<std::string>();
-  for (auto t : d["inputs"].cast<py::list>()) g.inputs.push_back(gtype(t.cast<py::tuple>()));
-  for (auto n : d["nodes"].cast<py::list>()) {
-    auto nt = n.cast<py::tuple>();
-    tpu::aten::GNode node;
-    node.op = nt[0].cast<std::string>();
-    node.overload = nt[1].cast<std::string>();
-    for (auto a : nt[2].cast<py::list>()) {
-      auto at = a.cast<py::tuple>();
-      tpu::aten::GArg ga;
-      ga.name = at[0].cast<std::string>();
-      ga.kind = static_cast<tpu::aten::GArg::Kind>(at[1].cast<int>());
-      ga.i = at[2].cast<int64_t>();
-      ga.d = at[3].cast<double>();
-      ga.s = at[4].cast<std::string>();
-      ga.ints = at[5].cast<std::vector<int64_t>>();
-      node.args.push_back(std::move(ga));
-    }
-    node.out_ids = nt[3].cast<std::vector<int64_t>>();
-    for (auto t : nt[4].cast<py::list>()) node.out_types.push_back(gtype(t.cast<py::tuple>()));
-    g.nodes.push_back(std::move(node));
-  }
+  g.inputs = d["inputs"].cast<std::vector<TensorType>>();
+  g.nodes = d["nodes"].cast<std::vector<GraphNode>>();
   g.outputs = d["outputs"].cast<std::vector<int64_t>>();
-  for (auto t : d["output_types"].cast<py::list>()) g.output_types.push_back(gtype(t.cast<py::tuple>()));
+  g.output_types = d["output_types"].cast<std::vector<TensorType>>();
   g.mutations = d["mutations"].cast<std::vector<std::pair<int64_t, int64_t>>>();
   if (d.contains("rng")) g.rng = d["rng"].cast<std::vector<std::pair<int64_t, int64_t>>>();
   if (d.contains("compile_options")) g.compile_options = d["compile_options"].cast<std::string>();
@@ -161,6 +217,7 @@ std::string format_python_site(const tpu::runtime::LaunchSite& s) {
 }  // namespace
 
 PYBIND11_MODULE(_C, m) {
+  bind_graph_schema(m);
   tpu::runtime::set_site_provider({&capture_python_site, &format_python_site});
   m.def("_set_device_checks", [](bool on) { tpu::runtime::set_device_checks(on); });
   m.def("_device_checks", [] { return tpu::runtime::device_checks(); });

@@ -287,8 +287,9 @@ class Stream:
         synchronize()
 
     def query(self) -> bool:
-        synchronize()
-        return True
+        """Whether all work launched on the device has finished; never waits (the guard's
+        queryStream, as torch.Stream.query)."""
+        return torch.Stream(device=self.device).query()
 
     def wait_stream(self, stream: Stream) -> None:
         return None
@@ -313,8 +314,9 @@ class Event:
         synchronize()
 
     def query(self) -> bool:
-        synchronize()
-        return True
+        """Whether the work recorded so far has finished (a recorded event marks everything
+        launched); never waits."""
+        return torch.Stream(device="tpu").query()
 
     def wait(self, stream: Stream | None = None) -> None:
         return None

@@ -34,9 +34,11 @@ _DTYPE_INDEX = {
     torch.uint32: 28, torch.uint64: 29,
 }
 
-# GArg::Kind in csrc/aten/graph.h
-K_NONE, K_REF, K_REFLIST, K_OPTREFLIST, K_SCALARREF, K_INT, K_INTLIST, K_DOUBLE, K_BOOL, K_STR, K_DTYPE, \
-    K_SCALARF, K_SCALARI, K_SCALARB = range(14)
+# The graph description's value types are defined once, in C++ (csrc/aten/graph.h), and bound.
+ArgKind = _C.ArgKind
+GraphArg = _C.GraphArg
+GraphNode = _C.GraphNode
+TensorType = _C.TensorType
 
 
 class Unsupported(Exception):
@@ -53,13 +55,11 @@ def _dtype(d: torch.dtype) -> int:
     return _DTYPE_INDEX[d]
 
 
-def _tensor_type(v: Any, with_strides: bool = False) -> tuple:
+def _tensor_type(v: Any, with_strides: bool = False) -> TensorType:
     if not isinstance(v, torch.Tensor):
         raise Unsupported(f"non-tensor value {type(v).__name__}")
-    t: tuple = (_dtype(v.dtype), [int(s) for s in v.shape])
-    if with_strides:
-        t = t + ([int(s) for s in v.stride()],)
-    return t
+    strides = [int(s) for s in v.stride()] if with_strides else []
+    return TensorType(_dtype(v.dtype), [int(s) for s in v.shape], strides)
 
 
 def _is_number_type(arg: torch._C.Argument) -> bool:
@@ -149,34 +149,35 @@ class _Describer:
             return {torch.SymInt: int, torch.SymFloat: float, torch.SymBool: bool}[type(v)](v)
         return v
 
-    def arg(self, schema_arg: torch._C.Argument, v: Any) -> tuple:
+    def arg(self, schema_arg: torch._C.Argument, v: Any) -> GraphArg:
         name = schema_arg.name
         v = self._concrete(v)
         number = _is_number_type(schema_arg)
         if isinstance(v, torch.fx.Node):
-            return (name, K_SCALARREF if number else K_REF, 0, 0.0, "", [self.ref(v)])
+            return GraphArg(name, ArgKind.NUMBER_VALUE if number else ArgKind.TENSOR, value_ids=[self.ref(v)])
         if isinstance(v, (list, tuple)) and any(isinstance(e, torch.fx.Node) for e in v) or (
             isinstance(v, (list, tuple)) and "Tensor" in str(schema_arg.type)
         ):
             opt = "Optional[Tensor]" in str(schema_arg.type) or "Tensor?" in str(schema_arg.type)
-            return (name, K_OPTREFLIST if opt else K_REFLIST, 0, 0.0, "", [-1 if e is None else self.ref(e) for e in v])
+            return GraphArg(name, ArgKind.OPTIONAL_TENSOR_LIST if opt else ArgKind.TENSOR_LIST,
+                            value_ids=[-1 if e is None else self.ref(e) for e in v])
         if v is None or isinstance(v, (torch.device, torch.layout, torch.memory_format)):
-            return (name, K_NONE, 0, 0.0, "", [])
+            return GraphArg(name, ArgKind.NONE)
         if isinstance(v, bool):
-            return (name, K_SCALARB if number else K_BOOL, int(v), 0.0, "", [])
+            return GraphArg(name, ArgKind.BOOL_SCALAR if number else ArgKind.BOOL, int_value=int(v))
         if isinstance(v, int):
-            return (name, K_SCALARI if number else K_INT, v, 0.0, "", [])
+            return GraphArg(name, ArgKind.INT_SCALAR if number else ArgKind.INT, int_value=v)
         if isinstance(v, float):
-            return (name, K_SCALARF if number else K_DOUBLE, 0, v, "", [])
+            return GraphArg(name, ArgKind.FLOAT_SCALAR if number else ArgKind.DOUBLE, double_value=v)
         if isinstance(v, torch.dtype):
-            return (name, K_DTYPE, _dtype(v), 0.0, "", [])
+            return GraphArg(name, ArgKind.DTYPE, int_value=_dtype(v))
         if isinstance(v, str):
-            return (name, K_STR, 0, 0.0, v, [])
+            return GraphArg(name, ArgKind.STRING, string_value=v)
         if isinstance(v, (list, tuple)) and all(isinstance(e, (int, bool)) for e in v):
-            return (name, K_INTLIST, 0, 0.0, "", [int(e) for e in v])
+            return GraphArg(name, ArgKind.INT_LIST, ints=[int(e) for e in v])
         raise Unsupported(f"argument {name}={v!r}")
 
-    def jax_node(self, n: torch.fx.Node, op: torch._ops.OpOverload, jop: Any) -> tuple:
+    def jax_node(self, n: torch.fx.Node, op: torch._ops.OpOverload, jop: Any) -> GraphNode:
         """A jax_op call: the same registered module eager runs, spliced into this program."""
         bound = _bind(op, n.args, n.kwargs)
         refs, metas, statics = [], [], []
@@ -195,8 +196,9 @@ class _Describer:
         vals = list(val) if isinstance(val, (list, tuple)) else [val]
         out_ids = [self.new_id() for _ in vals]
         self.ids[n] = out_ids if isinstance(val, (list, tuple)) else out_ids[0]
-        args = [("args", K_REFLIST, 0, 0.0, "", refs), ("kernel", K_STR, 0, 0.0, kernel.key, [])]
-        return ("jax_call", "", args, out_ids, [_tensor_type(v) for v in vals])
+        args = [GraphArg("args", ArgKind.TENSOR_LIST, value_ids=refs),
+                GraphArg("kernel", ArgKind.STRING, string_value=kernel.key)]
+        return GraphNode("jax_call", "", args, out_ids, [_tensor_type(v) for v in vals])
 
     def describe(self) -> tuple[dict[str, Any], list[tuple[str, Any]]]:
         inputs = []
@@ -208,9 +210,9 @@ class _Describer:
                 if isinstance(v, torch.Tensor):
                     inputs.append(_tensor_type(v))
                 elif isinstance(v, (float, torch.SymFloat)):
-                    inputs.append((_dtype(torch.float64), []))
+                    inputs.append(TensorType(_dtype(torch.float64), []))
                 elif isinstance(v, (bool, int, torch.SymInt, torch.SymBool)):
-                    inputs.append((_dtype(torch.int64), []))
+                    inputs.append(TensorType(_dtype(torch.int64), []))
                     self.sym[n] = self._concrete(v)  # sizes: specialized (floats stay operands)
                 else:
                     raise Unsupported(f"graph input of type {type(v).__name__}")
@@ -232,7 +234,7 @@ class _Describer:
             if n.op == "call_function" and isinstance(n.target, torch._ops.OpOverload) and \
                     torch.Tag.nondeterministic_seeded in n.target.tags and _draws_random(n.target, n.args, n.kwargs):
                 self.rng[n] = self.new_id()
-                inputs.append((_dtype(torch.uint64), [2]))
+                inputs.append(TensorType(_dtype(torch.uint64), [2]))
                 rng.append((self.rng[n], _rng_increment(n)))
         for n in self.gm.graph.nodes:
             if n.op != "call_function":
@@ -263,7 +265,7 @@ class _Describer:
                 "output_types": output_types, "mutations": mutations, "rng": rng}
         return desc, spec, self.constants
 
-    def _node(self, n: torch.fx.Node, nodes: list[tuple], mutations: list[tuple[int, int]]) -> None:
+    def _node(self, n: torch.fx.Node, nodes: list[GraphNode], mutations: list[tuple[int, int]]) -> None:
         val = n.meta.get("val")
         if isinstance(val, _NUMBERS):
             # sym_size, operator.mul on sizes, ..., and int returns of ops (SDPA's max_q)
@@ -284,8 +286,8 @@ class _Describer:
             out_id = self.new_id()
             self.ids[n] = out_id
             self.node_of.append(n)
-            nodes.append(("_to_copy", "", [("self", K_REF, 0, 0.0, "", [self.ref(n.args[0])])], [out_id],
-                          [_tensor_type(n.meta["val"])]))
+            nodes.append(GraphNode("_to_copy", "", [GraphArg("self", ArgKind.TENSOR, value_ids=[self.ref(n.args[0])])],
+                                   [out_id], [_tensor_type(n.meta["val"])]))
             return
         jop = _jax_op_of(op)
         if jop is not None:
@@ -304,7 +306,7 @@ class _Describer:
             bound = [(a, v) for a, v in bound if a.name != "generator"]
         args = [self.arg(a, v) for a, v in bound]
         if n in self.rng:
-            args.append(("generator", K_REF, 0, 0.0, "", [self.rng[n]]))
+            args.append(GraphArg("generator", ArgKind.TENSOR, value_ids=[self.rng[n]]))
         val = n.meta.get("val")
         vals = list(val) if isinstance(val, (list, tuple)) else [val]
         out_ids, out_types = [], []
@@ -319,12 +321,12 @@ class _Describer:
             ids = []
             for e in group:
                 ids.append(self.new_id() if isinstance(e, torch.Tensor) else -1)
-                out_types.append(_tensor_type(e) if isinstance(e, torch.Tensor) else (-1, []))
+                out_types.append(_tensor_type(e) if isinstance(e, torch.Tensor) else TensorType(-1, []))
             out_ids.extend(ids)
             nested.append(ids if isinstance(v, (list, tuple)) else ids[0])
         self.ids[n] = out_ids[0] if not isinstance(val, (list, tuple)) else nested
         self.node_of.append(n)
-        nodes.append((base, op._overloadname if op._overloadname != "default" else "", args, out_ids, out_types))
+        nodes.append(GraphNode(base, op._overloadname if op._overloadname != "default" else "", args, out_ids, out_types))
 
 
 _graph_counter = [0]
@@ -369,9 +371,9 @@ class _Program:
         desc, self.spec, constants = describer.describe()
         desc["compile_options"] = xla
         desc["precision"] = _C._matmul_precision()
-        for i, (base, *_rest) in enumerate(desc["nodes"]):
-            if not _has_lowering(base):
-                raise Unsupported(f"no lowering for aten::{base}", describer.node_of[i])
+        for i, node in enumerate(desc["nodes"]):
+            if not _has_lowering(node.op):
+                raise Unsupported(f"no lowering for aten::{node.op}", describer.node_of[i])
         try:
             self.gid = _build(desc)
         except RuntimeError as e:

@@ -99,7 +99,7 @@ class TpuOutputCode(OutputCode):
         # (desc, spec, constants) while compiled here; pickled bytes once prepared for the cache
         # (AOTAutograd deep-copies entries on save and load: bytes copy for free).
         self._payload: tuple[dict[str, Any], list, list[torch.Tensor]] | bytes | None = None
-        if isinstance(fn, _Program) and not any(node[0] == "jax_call" for node in fn.desc["nodes"]):
+        if isinstance(fn, _Program) and not any(node.op == "jax_call" for node in fn.desc["nodes"]):
             self._payload = (fn.desc, fn.spec, fn.cpu_consts)
 
     def __deepcopy__(self, memo: dict[int, Any]) -> TpuOutputCode:
