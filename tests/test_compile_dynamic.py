@@ -11,6 +11,13 @@ import torch_tpu
 from torch_tpu._internal import dynamic_shapes
 
 
+@pytest.fixture(autouse=True)
+def _fresh_dynamo() -> None:
+    """Dynamo remembers sizes per code object across tests (automatic dynamic): a model forward
+    compiled by an earlier test would start this one with different symbols. Start clean."""
+    torch._dynamo.reset()
+
+
 def _programs() -> list[dict]:
     return torch_tpu.compile_stats()["graph_tiers"]
 

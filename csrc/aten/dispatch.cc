@@ -18,9 +18,11 @@
 #include <sstream>
 #include <unordered_map>
 
+#include <ATen/EmptyTensor.h>
 #include <ATen/ops/empty_strided.h>
 #include <ATen/ops/scalar_tensor.h>
 
+#include "allocator.h"
 #include "common.h"
 #include "plan_call.h"
 #include "cpu_fallback.h"
@@ -371,9 +373,10 @@ std::vector<at::Tensor> allocate_outputs(const c10::FunctionSchema& schema, c10:
       if (real.sizes() != c10::IntArrayRef(m.sizes)) real.resize_(m.sizes);
       outs.push_back(real);
     } else {
-      outs.push_back(at::empty_strided(m.sizes, m.strides,
-                                       at::TensorOptions().dtype(m.dtype).device(
-                                           c10::Device(kTpu, static_cast<c10::DeviceIndex>(device)))));
+      // What the tpu empty_strided kernel does (the caller holds the device guard), without
+      // a second trip through the dispatcher.
+      outs.push_back(at::detail::empty_strided_generic(m.sizes, m.strides, &TpuAllocator::get(),
+                                                       c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), m.dtype));
     }
   }
 
@@ -517,7 +520,7 @@ void run_cached(const c10::OperatorHandle& op, const OpInfo& info, const CachedC
   auto args = torch::jit::last(*stack, n);
   c10::DeviceGuard guard(c10::Device(kTpu, static_cast<c10::DeviceIndex>(cc.device)));
   std::vector<at::Tensor> outs = allocate_outputs(schema, args, *cc.meta, false, cc.device);
-  append_mutated_args(*info.entry, schema, args, outs);
+  if (info.may_write_args) append_mutated_args(*info.entry, schema, args, outs);
   runtime::Call call;
   call.plan = cc.plan;
   call.device = cc.device;
@@ -590,6 +593,15 @@ const OpInfo& op_info(const c10::OperatorHandle& op) {
                     [&](const char* rs) { return a.name() == rs; }))
       h = NamedArg::Hint::Scalar;
     info->hints.push_back(h);
+  }
+  // Arguments written but not returned (extra program outputs): declared, or by the schema.
+  info->may_write_args = info->entry && !info->entry->writes.empty();
+  for (const c10::Argument& a : schema.arguments()) {
+    if (!a.alias_info() || !a.alias_info()->isWrite()) continue;
+    bool returned = std::any_of(schema.returns().begin(), schema.returns().end(), [&](const c10::Argument& r) {
+      return r.alias_info() && r.alias_info()->beforeSets() == a.alias_info()->beforeSets();
+    });
+    info->may_write_args |= !returned || a.type()->kind() == c10::TypeKind::ListType;
   }
   // Calls the dispatch cache serves: plain tensor results, no per-call host work before planning
   // (index moves, bool masks), no RNG draws, no list-splitting foreach checks.

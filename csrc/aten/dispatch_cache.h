@@ -26,6 +26,7 @@ struct OpInfo {
   const lowering::OpEntry* entry = nullptr;  // null: no eager lowering (graph-only or none)
   bool host_sync = false;                    // TPU_HOST_SYNC: CPU fallback, one counted read
   bool cacheable = false;                    // calls may take the dispatch cache
+  bool may_write_args = true;                // arguments may be written without being returned
   std::vector<NamedArg::Hint> hints;         // per argument (declared runtime scalars: Scalar)
 };
 const OpInfo& op_info(const c10::OperatorHandle& op);

@@ -475,7 +475,9 @@ def _capacity_constraints(gm: torch.fx.GraphModule) -> list[tuple[sympy.Expr, li
             v = n.meta.get("val")
             dim = (n.args[1] if len(n.args) > 1 else n.kwargs.get("dim", 0)) % v.dim()
             if dim in _dyn(v):
-                out.append((_expr(v.shape[dim]), [_expr(a.meta["val"].shape[dim]) for a in n.args[0]]))
+                # A legacy empty 1-D piece (DynamicCache starts from torch.tensor([])) adds nothing.
+                pieces = [a.meta["val"] for a in n.args[0]]
+                out.append((_expr(v.shape[dim]), [_expr(p.shape[dim]) for p in pieces if p.dim() == v.dim()]))
     return out
 
 
