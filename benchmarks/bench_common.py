@@ -19,6 +19,19 @@ import torch  # noqa: E402  (loads torch_tpu through the torch.backends entry po
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 TPU = "tpu"
+# The small Llama of bench_dynamic_generate and bench_train_step (bench_compile has its own, larger one).
+HIDDEN, LAYERS, HEADS, KV_HEADS, VOCAB, INTERMEDIATE = 256, 2, 4, 2, 4096, 688
+
+
+def small_llama(max_positions: int) -> Any:
+    """That Llama with seed-0 weights, on the CPU (transformers imported on first use)."""
+    import transformers
+
+    torch.manual_seed(0)
+    cfg = transformers.LlamaConfig(hidden_size=HIDDEN, num_hidden_layers=LAYERS, num_attention_heads=HEADS,
+                                   num_key_value_heads=KV_HEADS, vocab_size=VOCAB, intermediate_size=INTERMEDIATE,
+                                   max_position_embeddings=max_positions)
+    return transformers.LlamaForCausalLM(cfg)
 
 
 def sync() -> None:

@@ -17,20 +17,28 @@ import bench_common  # noqa: F401  (sets HF_HUB_OFFLINE before transformers load
 import torch
 import torch_tpu
 import transformers
-from bench_common import TPU, finish, fmt_ratio, interleaved, median, one_thread, ratio, sync
+from bench_common import (
+    HIDDEN,
+    LAYERS,
+    TPU,
+    VOCAB,
+    finish,
+    fmt_ratio,
+    interleaved,
+    median,
+    one_thread,
+    ratio,
+    small_llama,
+    sync,
+)
 
 NAME = "dynamic_generate"
-HIDDEN, LAYERS, HEADS, KV_HEADS, VOCAB, INTERMEDIATE = 256, 2, 4, 2, 4096, 688
 PROMPT, NEW = 5, 256
 REPEATS = 3
 
 
 def build_model() -> transformers.LlamaForCausalLM:
-    torch.manual_seed(0)
-    cfg = transformers.LlamaConfig(hidden_size=HIDDEN, num_hidden_layers=LAYERS, num_attention_heads=HEADS,
-                                   num_key_value_heads=KV_HEADS, vocab_size=VOCAB, intermediate_size=INTERMEDIATE,
-                                   max_position_embeddings=1024)
-    return transformers.LlamaForCausalLM(cfg).eval()
+    return small_llama(1024).eval()
 
 
 def _programs() -> int:

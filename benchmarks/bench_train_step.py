@@ -15,21 +15,29 @@ import bench_common  # noqa: F401  (sets HF_HUB_OFFLINE before transformers load
 import torch
 import torch_tpu
 import transformers
-from bench_common import TPU, finish, fmt_ratio, interleaved, median, one_thread, ratio, sync
+from bench_common import (
+    HIDDEN,
+    LAYERS,
+    TPU,
+    VOCAB,
+    finish,
+    fmt_ratio,
+    interleaved,
+    median,
+    one_thread,
+    ratio,
+    small_llama,
+    sync,
+)
 
 NAME = "train_step"
-HIDDEN, LAYERS, HEADS, KV_HEADS, VOCAB, INTERMEDIATE = 256, 2, 4, 2, 4096, 688
 BATCH, SEQ = 2, 64
 WARMUP, REPEATS = 2, 7
 INDUCTOR_BUDGET_S = 240
 
 
 def build_model() -> transformers.LlamaForCausalLM:
-    torch.manual_seed(0)
-    cfg = transformers.LlamaConfig(hidden_size=HIDDEN, num_hidden_layers=LAYERS, num_attention_heads=HEADS,
-                                   num_key_value_heads=KV_HEADS, vocab_size=VOCAB, intermediate_size=INTERMEDIATE,
-                                   max_position_embeddings=SEQ)
-    return transformers.LlamaForCausalLM(cfg).train()
+    return small_llama(SEQ).train()
 
 
 def loss_fn(model: torch.nn.Module, ids: torch.Tensor) -> torch.Tensor:

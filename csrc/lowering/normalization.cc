@@ -74,6 +74,29 @@ std::vector<int64_t> softmax_dims(const Value& x, int64_t dim) {
   return {norm_dim(dim, x.rank())};
 }
 
+// What layer-norm and RMS-norm backward share: input and upstream gradient in opmath, the
+// normalized (inner) and batch (outer) dims, and the normalized element count.
+struct NormBackward {
+  NormBackward(Builder& b, const OpCall& c)
+      : t(opmath(c.tensor("input").elem())),
+        x(b.convert(c.tensor("input"), t)),
+        go(b.convert(c.tensor("grad_out"), t)),
+        s(x.shape()),
+        axis(x.rank() - static_cast<int64_t>(c.ints("normalized_shape").size())) {
+    for (int64_t i = 0; i < x.rank(); ++i) (i >= axis ? inner : outer).push_back(i);
+    n = numel_of(s, inner);
+  }
+  // grad_out scaled by the affine weight when there is one.
+  Value weighted_grad(Builder& b, const OpCall& c) const {
+    return c.has("weight") ? b.mul(go, b.broadcast_to(b.convert(c.tensor("weight"), t), s)) : go;
+  }
+  ElemType t;
+  Value x, go;
+  Shape s;
+  int64_t axis;
+  std::vector<int64_t> inner, outer;
+  int64_t n = 0;
+};
 }  // namespace
 
 // ------------------------------------------------------------------ softmax
@@ -138,23 +161,15 @@ TPU_LOWER(native_layer_norm) {
 }
 
 TPU_LOWER(native_layer_norm_backward) {
-  Value x0 = c.tensor("input");
-  ElemType t = opmath(x0.elem());
-  Value x = b.convert(x0, t);
-  Value go = b.convert(c.tensor("grad_out"), t);
-  const Shape& s = x.shape();
-  int64_t axis = x.rank() - static_cast<int64_t>(c.ints("normalized_shape").size());
-  std::vector<int64_t> inner, outer;
-  for (int64_t i = 0; i < x.rank(); ++i) (i >= axis ? inner : outer).push_back(i);
-  int64_t n = numel_of(s, inner);
+  const NormBackward nb(b, c);
+  const auto& [t, x, go, s, axis, inner, outer, n] = nb;
   auto mask = output_mask(c, 3);
   Value mean = stat_expand(b, b.convert(c.tensor("mean"), t), s, axis);
   Value rstd = stat_expand(b, b.convert(c.tensor("rstd"), t), s, axis);
   Value xhat = b.mul(b.sub(x, mean), rstd);
   std::vector<Value> res;
   if (mask[0]) {
-    Value g = go;
-    if (c.has("weight")) g = b.mul(g, b.broadcast_to(b.convert(c.tensor("weight"), t), s));
+    Value g = nb.weighted_grad(b, c);
     Value a = b.mul(const_f(b, static_cast<double>(n), t, s), g);
     Value s1 = sum_keep(b, g, inner);
     Value s2 = b.mul(xhat, sum_keep(b, b.mul(g, xhat), inner));
@@ -252,22 +267,14 @@ TPU_LOWER(_fused_rms_norm) {
 }
 
 TPU_LOWER(_fused_rms_norm_backward) {
-  Value x0 = c.tensor("input");
-  ElemType t = opmath(x0.elem());
-  Value x = b.convert(x0, t);
-  Value go = b.convert(c.tensor("grad_out"), t);
-  const Shape& s = x.shape();
-  int64_t axis = x.rank() - static_cast<int64_t>(c.ints("normalized_shape").size());
-  std::vector<int64_t> inner, outer;
-  for (int64_t i = 0; i < x.rank(); ++i) (i >= axis ? inner : outer).push_back(i);
-  int64_t n = numel_of(s, inner);
+  const NormBackward nb(b, c);
+  const auto& [t, x, go, s, axis, inner, outer, n] = nb;
   auto mask = output_mask(c, 2);
   Value rstd = stat_expand(b, b.convert(c.tensor("rstd"), t), s, axis);
   Value xhat = b.mul(x, rstd);
   std::vector<Value> res;
   if (mask[0]) {
-    Value g = go;
-    if (c.has("weight")) g = b.mul(g, b.broadcast_to(b.convert(c.tensor("weight"), t), s));
+    Value g = nb.weighted_grad(b, c);
     Value sv = sum_keep(b, b.mul(xhat, g), inner);
     Value d = b.mul(b.sub(g, b.mul(b.div(xhat, const_f(b, static_cast<double>(n), t, s)), sv)), rstd);
     res.push_back(d);
