@@ -336,16 +336,15 @@ class _PaddedInterpreter(torch.fx.Interpreter):
         return x  # a prefix of the real prefix: same buffer, real size from the node's meta
 
     def _cat(self, n: torch.fx.Node, args: tuple, kwargs: dict) -> torch.Tensor:
-        xs = [x for x in args[0]]
-        srcs = [a.meta["val"] for a in n.args[0]]
-        out_val = n.meta["val"]
-        dim = (args[1] if len(args) > 1 else kwargs.get("dim", 0)) % out_val.dim()
-        if dim not in _dyn(out_val):
-            return aten.cat.default(xs, dim)
+        symbolic = _cat_along_symbolic_dim(n)
+        if symbolic is None:
+            out_val = n.meta["val"]
+            return aten.cat.default(list(args[0]), (args[1] if len(args) > 1 else kwargs.get("dim", 0)) % out_val.dim())
         # Each piece at its real offset; the capacity is the largest piece's (the bucket chooser
         # made sure the real result fits: _capacity_constraints).
-        xs = [x for x, s in zip(xs, srcs, strict=True) if not (s.dim() == 1 and int(s.shape[0]) == 0)]
-        srcs = [s for s in srcs if not (s.dim() == 1 and int(s.shape[0]) == 0)]
+        dim, kept = symbolic
+        xs = [args[0][i] for i in kept]
+        srcs = [n.args[0][i].meta["val"] for i in kept]
         cap = max(x.shape[dim] for x in xs)
         first = xs[0]
         pad = [0, 0] * (first.dim() - 1 - dim) + [0, cap - first.shape[dim]]
@@ -472,13 +471,31 @@ def _capacity_constraints(gm: torch.fx.GraphModule) -> list[tuple[sympy.Expr, li
     out = []
     for n in gm.graph.nodes:
         if n.op == "call_function" and n.target is aten.cat.default:
-            v = n.meta.get("val")
-            dim = (n.args[1] if len(n.args) > 1 else n.kwargs.get("dim", 0)) % v.dim()
-            if dim in _dyn(v):
-                # A legacy empty 1-D piece (DynamicCache starts from torch.tensor([])) adds nothing.
-                pieces = [a.meta["val"] for a in n.args[0]]
-                out.append((_expr(v.shape[dim]), [_expr(p.shape[dim]) for p in pieces if p.dim() == v.dim()]))
+            symbolic = _cat_along_symbolic_dim(n)
+            if symbolic is not None:
+                dim, kept = symbolic
+                out.append((_expr(n.meta["val"].shape[dim]),
+                            [_expr(n.args[0][i].meta["val"].shape[dim]) for i in kept]))
     return out
+
+
+def _static_zero(size: Any) -> bool:
+    """A size known to be 0 (Dynamo specializes sizes 0 and 1, so a symbolic size is never 0)."""
+    return isinstance(size, int) and size == 0
+
+
+def _cat_along_symbolic_dim(n: torch.fx.Node) -> tuple[int, list[int]] | None:
+    """For an aten.cat node along a symbolic dim: (dim, indices of the pieces that take part);
+    None when the dim is static. torch.cat skips legacy empty 1-D pieces (DynamicCache starts
+    from torch.tensor([])), so they take no part."""
+    out_val = n.meta["val"]
+    dim = (n.args[1] if len(n.args) > 1 else n.kwargs.get("dim", 0)) % out_val.dim()
+    if dim not in _dyn(out_val):
+        return None
+    pieces = [a.meta["val"] for a in n.args[0]]
+    kept = [i for i, p in enumerate(pieces)
+            if not (p.dim() == 1 and (out_val.dim() != 1 or _static_zero(p.shape[0])))]
+    return dim, kept
 
 
 class DynamicGraph:
