@@ -150,16 +150,6 @@ bool meta_key(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args, st
   return has_input_tensor;
 }
 
-const at::Tensor& wrapped_scalar(at::ScalarType t) {
-  thread_local at::Tensor d, l, b;
-  at::Tensor& slot = t == at::kDouble ? d : t == at::kLong ? l : b;
-  if (!slot.defined()) {
-    slot = at::scalar_tensor(0, at::TensorOptions().device(c10::kCPU).dtype(t));
-    slot.unsafeGetTensorImpl()->set_wrapped_number(true);
-  }
-  return slot;
-}
-
 // The ATen base name that keys the lowering table: "aten::add_" -> "add" (in-place and
 // functional variants share one lowering; dunder names such as __and__ keep their underscores).
 std::string base_name(const std::string& qualified) {
@@ -419,8 +409,7 @@ c10::ScalarType named_args(const OpInfo& info, const c10::FunctionSchema& schema
   const lowering::OpEntry& entry = *info.entry;
   const auto& sargs = schema.arguments();
   const size_t n = args.size();
-  at::native::ResultTypeState rts{};
-  bool any = false;
+  ResultTypeAccumulator promotion;
   named.reserve(n);
   for (size_t j = 0; j < n; ++j) {
     NamedArg a{sargs[j].name(), args[j], info.hints[j]};  // declared runtime scalars: Scalar
@@ -437,29 +426,16 @@ c10::ScalarType named_args(const OpInfo& info, const c10::FunctionSchema& schema
       }
       a.value = l;
     }
-    bool is_out = sargs[j].is_out();
-    if (!is_out && args[j].isTensor() && args[j].toTensor().defined()) {
-      try {
-        rts = at::native::update_result_type_state(args[j].toTensor(), rts);
-        any = true;
-      } catch (const c10::Error&) {  // float8 next to other floats (_scaled_mm): no promotion
-      }
-    } else if (!is_out && a.hint == NamedArg::Hint::Scalar && args[j].isScalar()) {
-      // Only the scalar's kind matters for promotion: reuse one wrapped 0-d tensor per kind.
-      const c10::Scalar sc = args[j].toScalar();
-      rts = at::native::update_result_type_state(
-          wrapped_scalar(sc.isFloatingPoint() ? at::kDouble : sc.isBoolean() ? at::kBool : at::kLong), rts);
-      any = true;
+    if (!sargs[j].is_out()) {
+      if (args[j].isTensor() && args[j].toTensor().defined()) promotion.tensor(args[j].toTensor());
+      else if (a.hint == NamedArg::Hint::Scalar && args[j].isScalar()) promotion.scalar(args[j].toScalar());
     }
     named.push_back(std::move(a));
   }
-  c10::ScalarType fallback_common = c10::kFloat;
+  c10::ScalarType first_output = c10::kFloat;
   for (const auto& o : outs)
-    if (o.defined()) { fallback_common = o.scalar_type(); break; }
-  c10::ScalarType common = any ? at::native::result_type(rts) : fallback_common;
-  if (!supported_dtype(common)) common = fallback_common;
-
-  return common;
+    if (o.defined()) { first_output = o.scalar_type(); break; }
+  return promotion.result(first_output);
 }
 
 // Returns false (with `why`) when the op cannot take the lowered path (the caller falls back).

@@ -341,6 +341,17 @@ PYBIND11_MODULE(_C, m) {
   m.def("_graph_text", [](const py::dict& d) { return tpu::aten::graph_text(graph_desc(d)); });
   m.def("_graph_unsupported", [](const py::dict& d) { return tpu::aten::unsupported_ops(graph_desc(d)); });
   m.def("_lowered_ops", [] { return tpu::lowering::registered_ops(); });
+  // Philox counters a compiled call consumes, by the rule eager follows (lowering::rng_counters);
+  // None when the op has no lowering.
+  m.def("_rng_counters", [](const std::string& op, const std::unordered_map<std::string, double>& constants,
+                            int64_t largest_numel) -> std::optional<int64_t> {
+    const tpu::lowering::OpEntry* entry = tpu::lowering::find_op(op);
+    if (!entry) return std::nullopt;
+    return tpu::lowering::rng_counters(*entry, [&](const std::string& name) -> std::optional<double> {
+      auto it = constants.find(name);
+      return it == constants.end() ? std::nullopt : std::optional<double>(it->second);
+    }, largest_numel);
+  });
   m.def("_mem_get_info", [](int device) {
     return tpu::aten::TpuAllocator::get().getMemoryInfo(static_cast<c10::DeviceIndex>(device));
   });
