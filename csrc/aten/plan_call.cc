@@ -118,14 +118,14 @@ class Planner {
     add_host(h, src);
   }
 
-  void host_rng(uint64_t seed, uint64_t offset) {
-    HostOperand h{};
-    h.elem = ElemType::U64;
-    h.dim0 = 2;
-    std::memcpy(h.bytes, &seed, 8);
-    std::memcpy(h.bytes + 8, &offset, 8);
+  // The generator state: drawn again by each call that reuses the plan (CallSource::rng).
+  void host_rng(const HostOperand& state, CallSource src, int device, int64_t counters) {
     p_.key += "G;";
-    add_host(h, CallSource{});  // drawn per call: a plan with RNG state is not cached by call
+    add_host(state, src);
+    if (rec_) {
+      rec_->rng_counters = counters;
+      rec_->rng_device = device;
+    }
   }
 
   int num_host() const { return static_cast<int>(c_.host.size()); }
@@ -158,7 +158,7 @@ class Planner {
     c_.host.push_back(h);
     if (rec_) {
       rec_->host_src.push_back(src);
-      if (src.arg < 0) rec_->cacheable = false;
+      if (src.arg < 0 && !src.rng) rec_->cacheable = false;
     }
   }
 
@@ -332,20 +332,15 @@ ArgPlan plan_argument(Planner& pl, Plan& plan, const NamedArg& a, int arg_index,
   if (a.hint == NamedArg::Hint::Ignore || (a.hint == NamedArg::Hint::Generator && rng_counters == 0)) {
     av.kind = Arg::Kind::None;  // (a call that draws nothing leaves its generator alone)
   } else if (a.hint == NamedArg::Hint::Generator) {
-    c10::optional<at::Generator> g;
-    if (v.isGenerator()) g = v.toGenerator();
+    std::optional<at::Generator> g;
+    if (v.isGenerator() && v.toGenerator().defined()) g = v.toGenerator();
     int dev = std::max(pl.device(), 0);
     for (const auto& o : outs)
       if (o.defined()) { dev = o.device().index(); break; }
-    at::Generator gen = g.has_value() && g->defined() ? *g : default_generator(dev);
-    TORCH_CHECK(gen.device().type() == kTpu, "Expected a 'tpu' device type for generator but found '",
-                gen.device().str(), "'");
-    auto* impl = gen.get<TpuGenerator>();
-    std::lock_guard<std::mutex> lock(gen.mutex());
-    auto [seed, offset] = impl->next(static_cast<uint64_t>(rng_counters));
     av.kind = Arg::Kind::Tensor;
     ap.host_index.push_back(pl.num_host());
-    pl.host_rng(seed, offset);
+    pl.host_rng(draw_rng_state(g, dev, rng_counters), CallSource{static_cast<int16_t>(g ? src : -1), -1, false, true},
+                dev, rng_counters);
   } else if (v.isNone()) {
     av.kind = Arg::Kind::None;
     plan.key += "N;";
@@ -538,6 +533,23 @@ void execute_call(const runtime::Call& call, runtime::ProgramPtr* program, const
   } catch (const runtime::DeviceCheckError& e) {  // debug eager raises at the op
     throw_device_check(e.kind, e.what());
   }
+}
+
+runtime::HostOperand draw_rng_state(const std::optional<at::Generator>& g, int device, int64_t counters) {
+  at::Generator gen = g ? *g : default_generator(static_cast<c10::DeviceIndex>(device));
+  TORCH_CHECK(gen.device().type() == kTpu, "Expected a 'tpu' device type for generator but found '",
+              gen.device().str(), "'");
+  uint64_t seed, offset;
+  {
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    std::tie(seed, offset) = gen.get<TpuGenerator>()->next(static_cast<uint64_t>(counters));
+  }
+  HostOperand h{};
+  h.elem = ElemType::U64;
+  h.dim0 = 2;
+  std::memcpy(h.bytes, &seed, 8);
+  std::memcpy(h.bytes + 8, &offset, 8);
+  return h;
 }
 
 std::optional<int64_t> small_int_scalar(const c10::Scalar& sc) {
