@@ -136,6 +136,17 @@ def test_host_kernel_in_strict_fused_and_compiled_programs(tmp_path: object, mon
     torch.testing.assert_close(ra.grad.cpu(), rc.grad, atol=1e-4, rtol=1e-4)
     text = _programs(dumps[2])
     assert '"torch_tpu.ragged_dot"' in text and '"torch_tpu.ragged_dot_wgrad"' in text
+    # nn.Linear-layout experts in a graph: the transpose node marks the weight column-major, so the
+    # kernel reads the parameter in place (no transposed copy)
+    wl = torch.randn(4, 10, 12)
+    offs = torch.tensor([6, 6, 15, 18], dtype=torch.int32)
+
+    def g(a: torch.Tensor, w: torch.Tensor, o: torch.Tensor) -> torch.Tensor:
+        return torch._grouped_mm(a, w.transpose(-2, -1), offs=o)
+
+    got = torch.compile(g, backend="tpu", fullgraph=True)(lt, wl.to("tpu"), offs.to("tpu")).cpu()
+    torch.testing.assert_close(got[:18], g(lhs, wl, offs)[:18], atol=1e-4, rtol=1e-4)
+    assert "rhs_col_major = 1" in _programs(dumps[2])
     # switched off: a new plan on the XLA path, same numbers
     monkeypatch.setenv("TORCH_TPU_DUMP_DIR", dumps[3])
     try:

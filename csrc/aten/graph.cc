@@ -5,10 +5,12 @@
 #include <c10/core/DeviceGuard.h>
 #include <torch/library.h>
 
+#include <algorithm>
 #include <memory>
 #include <mutex>
 #include <optional>
 #include <unordered_map>
+#include <unordered_set>
 
 #include <ATen/ops/empty.h>
 #include <ATen/ops/empty_strided.h>
@@ -93,6 +95,25 @@ std::vector<std::string> unsupported_ops(const GraphDesc& desc) {
 
 namespace {
 
+// Eager grouped-GEMM kernels tell the lowering that the weight is column-major from its strides
+// (aten/explicit_kernels.cc); graphs have no strides, but the weight is then a transpose node:
+// true when `node` swaps the last two dims of a 3-D value (Transformers' weight.transpose(-2, -1)).
+bool swaps_last_two_dims(const GraphNode& node, const std::unordered_map<int64_t, Value>& vals) {
+  if (node.op != "transpose" && node.op != "permute") return false;
+  if (node.args.empty() || node.args[0].kind != ArgKind::Tensor) return false;
+  auto in = vals.find(node.args[0].value_ids[0]);
+  if (in == vals.end() || in->second.rank() != 3) return false;
+  auto norm = [](int64_t d) { return d < 0 ? d + 3 : d; };
+  if (node.op == "transpose") {
+    if (node.args.size() < 3) return false;
+    const int64_t a = norm(node.args[1].int_value), b = norm(node.args[2].int_value);
+    return std::min(a, b) == 1 && std::max(a, b) == 2;
+  }
+  if (node.args.size() < 2) return false;
+  const auto& d = node.args[1].ints;
+  return d.size() == 3 && norm(d[0]) == 0 && norm(d[1]) == 2 && norm(d[2]) == 1;
+}
+
 // The program text; `out_numel` gets the storage elements of each output buffer.
 std::string graph_module(const GraphDesc& desc, std::vector<int64_t>& out_numel,
                          std::vector<runtime::CheckSource>* checks = nullptr) {
@@ -101,8 +122,10 @@ std::string graph_module(const GraphDesc& desc, std::vector<int64_t>& out_numel,
   std::unordered_map<int64_t, Value> vals;
   for (size_t i = 0; i < desc.inputs.size(); ++i)
     vals[static_cast<int64_t>(i)] = b.arg(Type{elem_of(static_cast<c10::ScalarType>(desc.inputs[i].dtype)), desc.inputs[i].sizes});
+  std::unordered_set<int64_t> col_major;  // value ids of transposed 3-D values (weight views)
   for (size_t node_index = 0; node_index < desc.nodes.size(); ++node_index) {
     const GraphNode& node = desc.nodes[node_index];
+    if (!node.out_ids.empty() && swaps_last_two_dims(node, vals)) col_major.insert(node.out_ids[0]);
     const lowering::OpEntry* entry = lowering::find_op(node.op);
     TORCH_CHECK(entry, "torch_tpu: no lowering for aten::", node.op, " in the compiled graph");
     lowering::OpCall call;
@@ -134,6 +157,14 @@ std::string graph_module(const GraphDesc& desc, std::vector<int64_t>& out_numel,
         case ArgKind::DType: a.kind = Arg::Kind::DType; a.dtype = elem_of(static_cast<c10::ScalarType>(arg.int_value)); break;
       }
       call.args.emplace_back(arg.name, std::move(a));
+      // The column-major layout hint of the grouped GEMMs' weight (see swaps_last_two_dims).
+      if (arg.kind == ArgKind::Tensor && col_major.count(arg.value_ids[0]) &&
+          ((node.op == "_grouped_mm" && arg.name == "mat2") || (node.op == "ragged_dot" && arg.name == "rhs"))) {
+        Arg hint;
+        hint.kind = Arg::Kind::Bool;
+        hint.b = true;
+        call.args.emplace_back(node.op == "ragged_dot" ? "rhs_col_major" : "mat2_col_major", std::move(hint));
+      }
     }
     for (const TensorType& t : node.out_types)
       call.outs.push_back(Type{t.dtype < 0 ? ElemType::F32 : elem_of(static_cast<c10::ScalarType>(t.dtype)), t.sizes});
