@@ -17,7 +17,7 @@ def path(request: pytest.FixtureRequest) -> Iterator[str]:
     """The CPU plugin's host kernel (an XLA FFI custom call), then the XLA lowering."""
     if request.param == "host" and torch.tpu.ops.host_kernels().startswith("unavailable"):
         pytest.skip("no host kernels here")  # test_ragged_dot.py::test_host_kernels_registered checks why
-    torch.tpu.ops.host_kernels(request.param == "host")
+    torch.tpu.ops.host_kernels("always" if request.param == "host" else False)  # tiny shapes: every size
     yield request.param
     torch.tpu.ops.host_kernels(True)
 

@@ -38,8 +38,14 @@ def path(request: pytest.FixtureRequest) -> Iterator[str]:
     """The CPU plugin's host kernel, then the XLA lowering, for the same test."""
     if request.param == "host" and torch.tpu.ops.host_kernels().startswith("unavailable"):
         pytest.skip("no host kernels here")  # test_host_kernels_registered says whether that is expected
-    torch.tpu.ops.host_kernels(request.param == "host")
+    torch.tpu.ops.host_kernels("always" if request.param == "host" else False)  # tiny shapes: every size
     yield request.param
+    torch.tpu.ops.host_kernels(True)
+
+
+@pytest.fixture
+def restore_host_kernels() -> Iterator[None]:
+    yield
     torch.tpu.ops.host_kernels(True)
 
 
@@ -87,7 +93,7 @@ def test_host_kernels_registered() -> None:
         assert status == "on", status
     else:
         assert status.startswith("unavailable: "), status
-    with pytest.raises(TypeError, match="host_kernels: enabled must be a bool"):
+    with pytest.raises(TypeError, match="host_kernels: enabled must be a bool, 'always' or None"):
         torch.tpu.ops.host_kernels(1)  # type: ignore[arg-type]
 
 
@@ -95,10 +101,22 @@ def _programs(dump: str) -> str:
     return "".join(open(os.path.join(dump, f)).read() for f in sorted(os.listdir(dump)))
 
 
-def test_host_kernel_in_strict_fused_and_compiled_programs(tmp_path: object, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_host_kernel_in_strict_fused_and_compiled_programs(tmp_path: object, monkeypatch: pytest.MonkeyPatch,
+                                                           restore_host_kernels: None) -> None:
     if torch.tpu.ops.host_kernels() != "on":
         pytest.skip("no host kernels here")
-    dumps = [str(tmp_path / n) for n in ("strict", "fused", "compiled", "off")]  # type: ignore[operator]
+    dumps = [str(tmp_path / n) for n in ("strict", "fused", "compiled", "off", "by_size")]  # type: ignore[operator]
+    # by default only from 2**22 multiply-adds (below, XLA's dot is faster): 128 x 256 x 128 takes it
+    monkeypatch.setenv("TORCH_TPU_DUMP_DIR", dumps[4])
+    big, wbig = torch.randn(128, 256), torch.randn(2, 256, 128)
+    gbig = torch.tensor([100, 28], dtype=torch.int32)
+    torch.testing.assert_close(torch.tpu.ops.ragged_dot(big.to("tpu"), wbig.to("tpu"), gbig.to("tpu")).cpu(),
+                               _loop(big, wbig, [100, 28]), atol=1e-3, rtol=1e-4)
+    torch.testing.assert_close(torch.tpu.ops.ragged_dot(big[:64].to("tpu"), wbig.to("tpu"), (gbig // 2).to("tpu")).cpu(),
+                               _loop(big[:64], wbig, [50, 14]), atol=1e-3, rtol=1e-4)
+    text = _programs(dumps[4])
+    assert text.count('"torch_tpu.ragged_dot"') == 1  # the 64-row call (2**21) took the XLA path
+    assert torch.tpu.ops.host_kernels("always") == "always"  # the small shapes below
     sizes = [6, 0, 9, 3]  # shapes no other test uses: every program below is compiled fresh
     lhs, rhs, grad = torch.randn(21, 12), torch.randn(4, 12, 10), torch.randn(21, 10)
     gs = torch.tensor(sizes, dtype=torch.int32)
@@ -149,11 +167,8 @@ def test_host_kernel_in_strict_fused_and_compiled_programs(tmp_path: object, mon
     assert "rhs_col_major = 1" in _programs(dumps[2])
     # switched off: a new plan on the XLA path, same numbers
     monkeypatch.setenv("TORCH_TPU_DUMP_DIR", dumps[3])
-    try:
-        assert torch.tpu.ops.host_kernels(False) == "off"
-        torch.testing.assert_close(torch.tpu.ops.ragged_dot(lt, rt, st).cpu(), want, atol=1e-4, rtol=1e-4)
-    finally:
-        torch.tpu.ops.host_kernels(True)
+    assert torch.tpu.ops.host_kernels(False) == "off"
+    torch.testing.assert_close(torch.tpu.ops.ragged_dot(lt, rt, st).cpu(), want, atol=1e-4, rtol=1e-4)
     assert "custom_call" not in _programs(dumps[3])
 
 

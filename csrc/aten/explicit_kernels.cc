@@ -144,7 +144,8 @@ void grouped_mm_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet, torch
                               {"bias", c10::IValue()},
                               {"out_dtype", args[4], NamedArg::Hint::DType},
                               {"mat2_col_major", w_col_major},
-                              {"host_kernel", lowering::host_kernels_enabled()}};
+                              {"host_kernel", lowering::host_kernels_enabled()},
+                              {"host_kernel_any_size", lowering::host_kernels_any_size()}};
   if (!run_or_fallback(op, stack, "_grouped_mm", named, {out}, a.scalar_type())) return;
   torch::jit::drop(*stack, 5);
   stack->push_back(out);
@@ -171,7 +172,8 @@ void ragged_dot_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet, torch
   at::Tensor out = at::empty({a.size(0), w.size(2)}, a.options());
   const bool w_col_major = w.size(1) > 1 && w.size(2) > 1 && w.stride(1) == 1 && w.stride(2) != 1;
   std::vector<NamedArg> named{{"lhs", a}, {"rhs", w}, {"group_sizes", sizes}, {"rhs_col_major", w_col_major},
-                              {"host_kernel", lowering::host_kernels_enabled()}};
+                              {"host_kernel", lowering::host_kernels_enabled()},
+                              {"host_kernel_any_size", lowering::host_kernels_any_size()}};
   if (!run_or_fallback(op, stack, "ragged_dot", named, {out}, a.scalar_type())) return;
   torch::jit::drop(*stack, 3);
   stack->push_back(out);
@@ -194,18 +196,22 @@ void ragged_dot_wgrad_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet,
   c10::DeviceGuard guard(a.device());
   at::Tensor out = at::empty({sizes.size(0), a.size(1), d.size(1)}, a.options());
   std::vector<NamedArg> named{{"lhs", a}, {"grad", d}, {"group_sizes", sizes},
-                              {"host_kernel", lowering::host_kernels_enabled()}};
+                              {"host_kernel", lowering::host_kernels_enabled()},
+                              {"host_kernel_any_size", lowering::host_kernels_any_size()}};
   if (!run_or_fallback(op, stack, "ragged_dot_weight_grad", named, {out}, a.scalar_type())) return;
   torch::jit::drop(*stack, 3);
   stack->push_back(out);
 }
 
-// torch_tpu::_host_kernels(enable): -1 reads, 0/1 switches the host kernels off/on for the
-// lowerings that follow; returns "on", "off" or "unavailable: <why>". Starts the client, which
-// registers them.
+// torch_tpu::_host_kernels(enable): -1 reads; 0 / 1 / 2 switch the host kernels off / on (by size) /
+// on for every size, for the lowerings that follow; returns "on", "off", "always" or
+// "unavailable: <why>". Starts the client, which registers them.
 std::string host_kernels_op(int64_t enable) {
   runtime::Context::get().client();
-  if (enable >= 0) lowering::set_host_kernels_enabled(enable != 0);
+  if (enable >= 0) {
+    lowering::set_host_kernels_enabled(enable != 0);
+    lowering::set_host_kernels_any_size(enable == 2);
+  }
   return runtime::host_kernels_status();
 }
 

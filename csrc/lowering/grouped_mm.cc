@@ -342,17 +342,25 @@ std::string grouped_mm_path() {
 // handler runs ATen's CPU GEMM per group on the program's own buffers. Operands in their own
 // element type, result in the output's (the GEMM accumulates in float32 for bf16/f16).
 
-std::atomic<bool> host_available{false}, host_enabled{true};
+std::atomic<bool> host_available{false}, host_enabled{true}, host_any_size{false};
+
+// Below this many multiply-adds (rows x K x N over all groups) the XLA path is used: at tiny MoE
+// sizes (the 4-expert, hidden-64 test models: 0.5M) the per-group GEMM calls cost more than XLA's
+// small dot (decode tokens/s 0.8-1.0x with the host kernel), at the benchmark shape (67M) the host
+// kernel is 2-3x faster than XLA in bf16 (benchmarks/bench_grouped_mm.py).
+constexpr int64_t kHostKernelMinMacs = int64_t{1} << 22;
 
 // Whether this call takes the host kernel: the boxed kernels pass the switch as the hint
 // "host_kernel" (part of the plan key); compiled graphs, which have no hint, read it now.
 // TORCH_TPU_GROUPED_MM=<strategy> forces an XLA strategy instead.
-bool use_host_kernel(const OpCall& c, ElemType in, ElemType out) {
-  if (!host_kernels_enabled() || in != out) return false;
+bool use_host_kernel(const OpCall& c, ElemType in, ElemType out, int64_t macs) {
+  if (!host_kernels_available() || in != out) return false;
   if (in != ElemType::F32 && in != ElemType::BF16 && in != ElemType::F16) return false;
   const std::string p = grouped_mm_path();
   if (!p.empty() && p != "host") return false;
-  return c.has("host_kernel") ? c.bool_("host_kernel") : true;
+  const bool on = c.has("host_kernel") ? c.bool_("host_kernel") : host_kernels_enabled();
+  const bool any_size = c.has("host_kernel_any_size") ? c.bool_("host_kernel_any_size") : host_kernels_any_size();
+  return on && (any_size || macs >= kHostKernelMinMacs);
 }
 
 Value host_call(Builder& b, const char* target, const std::vector<Value>& operands, const Type& out,
@@ -397,6 +405,8 @@ void set_host_kernels_available(bool available) { host_available = available; }
 bool host_kernels_available() { return host_available; }
 void set_host_kernels_enabled(bool enabled) { host_enabled = enabled; }
 bool host_kernels_enabled() { return host_available && host_enabled; }
+void set_host_kernels_any_size(bool any_size) { host_any_size = any_size; }
+bool host_kernels_any_size() { return host_any_size; }
 
 TPU_LOWER(_grouped_mm) {
   const Type& o = out_type(c);
@@ -413,7 +423,8 @@ TPU_LOWER(_grouped_mm) {
   const int64_t g = offs.shape()[0];
 
   if (ra == 2 && rw == 3) {  // [M,K] x [G,K,N]: offs over rows
-    if (use_host_kernel(c, a.elem(), o.elem)) return {rows_host(b, a, w, offs, o.elem, c.bool_("mat2_col_major"))};
+    const int64_t macs = a.shape()[0] * a.shape()[1] * w.shape()[2];
+    if (use_host_kernel(c, a.elem(), o.elem, macs)) return {rows_host(b, a, w, offs, o.elem, c.bool_("mat2_col_major"))};
     return {rows_dispatch(b, a, w, offs, t, c.bool_("mat2_col_major"))};
   }
   if (ra == 3 && rw == 2) {  // [G,M,K] x [K,N]: offs over columns
@@ -423,7 +434,8 @@ TPU_LOWER(_grouped_mm) {
     return {select_group(b, all, mask, 0)};
   }
   if (ra == 2 && rw == 2) {  // [M,K] x [K,N]: offs over K -> [G,M,N]
-    if (use_host_kernel(c, a.elem(), o.elem)) return {k_host(b, b.transpose(a, {1, 0}), w, offs, o.elem)};
+    if (use_host_kernel(c, a.elem(), o.elem, a.shape()[0] * a.shape()[1] * w.shape()[1]))
+      return {k_host(b, b.transpose(a, {1, 0}), w, offs, o.elem)};
     if (grouped_mm_path() != "dense" && grouped_mm_path() != "tiled") return {k_windowed(b, a, w, offs, t)};
     const int64_t m = a.shape()[0], k = a.shape()[1], n = w.shape()[1];
     Value gid = group_ids(b, offs, k);
@@ -455,7 +467,8 @@ TPU_LOWER(ragged_dot) {
   const Type& o = out_type(c);
   if (o.numel() == 0) return {b.zeros(o)};
   Value offs = group_ends(b, c.tensor("group_sizes"));
-  if (use_host_kernel(c, c.tensor("lhs").elem(), o.elem))
+  const Value lhs = c.tensor("lhs");
+  if (use_host_kernel(c, lhs.elem(), o.elem, lhs.shape()[0] * lhs.shape()[1] * o.shape[1]))
     return {rows_host(b, c.tensor("lhs"), c.tensor("rhs"), offs, o.elem, c.bool_("rhs_col_major"))};
   return {rows_dispatch(b, c.tensor("lhs"), c.tensor("rhs"), offs, opmath(o.elem), c.bool_("rhs_col_major"))};
 }
@@ -464,7 +477,8 @@ TPU_LOWER(ragged_dot_weight_grad) {
   const Type& o = out_type(c);
   if (o.numel() == 0) return {b.zeros(o)};
   Value offs = group_ends(b, c.tensor("group_sizes"));
-  if (use_host_kernel(c, c.tensor("lhs").elem(), o.elem))
+  const Value lhs = c.tensor("lhs");
+  if (use_host_kernel(c, lhs.elem(), o.elem, lhs.shape()[0] * lhs.shape()[1] * o.shape[2]))
     return {k_host(b, c.tensor("lhs"), c.tensor("grad"), offs, o.elem)};
   return {k_windowed(b, b.transpose(c.tensor("lhs"), {1, 0}), c.tensor("grad"), offs, opmath(o.elem))};
 }

@@ -16,5 +16,9 @@ bool host_kernels_available();
 // it is available and enabled.
 void set_host_kernels_enabled(bool enabled);
 bool host_kernels_enabled();
+// Off by default: calls below a size threshold take the XLA path (faster there); on, every size
+// takes the host kernel (tests of tiny shapes).
+void set_host_kernels_any_size(bool any_size);
+bool host_kernels_any_size();
 
 }  // namespace tpu::lowering

@@ -100,6 +100,7 @@ void register_host_kernels(const pjrt::Client& client) {
 std::string host_kernels_status() {
   std::lock_guard<std::mutex> lock(mu);
   if (status == "on" && !lowering::host_kernels_enabled()) return "off";
+  if (status == "on" && lowering::host_kernels_any_size()) return "always";
   return status;
 }
 

@@ -13,7 +13,7 @@ void offer_host_kernel(const std::string& target, void* handler);
 // torch_tpu was built with the XLA FFI headers and TORCH_TPU_HOST_KERNELS is not 0; never throws
 // (on failure the XLA paths stay in use and host_kernels_status() says why).
 void register_host_kernels(const pjrt::Client& client);
-// "on", "off" (disabled by the user) or "unavailable: <why>".
+// "on", "off" (disabled by the user), "always" (every size) or "unavailable: <why>".
 std::string host_kernels_status();
 
 }  // namespace tpu::runtime

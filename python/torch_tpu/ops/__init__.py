@@ -153,12 +153,14 @@ def ragged_dot_weight_grad(lhs: torch.Tensor, grad: torch.Tensor, group_sizes: t
     return torch.ops.torch_tpu.ragged_dot_weight_grad(lhs, grad, group_sizes)
 
 
-def host_kernels(enabled: bool | None = None) -> str:
+def host_kernels(enabled: bool | str | None = None) -> str:
     """The host kernels of the CPU PJRT plugin (ragged_dot, its weight gradient and the grouped
-    forms of `_grouped_mm` as XLA FFI custom calls into ATen's CPU GEMM): returns "on", "off" or
-    "unavailable: <why>" (another platform, built without jaxlib's XLA FFI headers, the plugin
-    refused them, or TORCH_TPU_HOST_KERNELS=0). `enabled` switches them for the ops that follow
-    (compiled graphs read the switch when they compile); the XLA path is used while off."""
-    if enabled is not None and not isinstance(enabled, bool):
-        raise TypeError(f"host_kernels: enabled must be a bool or None, got {type(enabled).__name__}")
-    return str(torch.ops.torch_tpu._host_kernels(-1 if enabled is None else int(enabled)))
+    forms of `_grouped_mm` as XLA FFI custom calls into ATen's CPU GEMM): returns "on", "off",
+    "always" or "unavailable: <why>" (another platform, built without jaxlib's XLA FFI headers, the
+    plugin refused them, or TORCH_TPU_HOST_KERNELS=0). `enabled` switches them for the ops that
+    follow (compiled graphs read the switch when they compile): True (the default state) uses them
+    from a size where they beat the XLA path, "always" for every size, False never."""
+    modes = {None: -1, False: 0, True: 1, "always": 2}
+    if not (enabled is None or isinstance(enabled, bool) or enabled == "always"):
+        raise TypeError(f"host_kernels: enabled must be a bool, 'always' or None, got {enabled!r}")
+    return str(torch.ops.torch_tpu._host_kernels(modes[enabled]))
