@@ -28,6 +28,7 @@
 #include "cpu_fallback.h"
 #include "dispatch.h"
 #include "dispatch_cache.h"
+#include "eager_dynamic.h"
 #include "cuda_compat.h"
 #include "runtime/compile_cache.h"
 
@@ -617,6 +618,7 @@ const OpInfo& op_info(const c10::OperatorHandle& op) {
 }
 
 void tpu_boxed_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stack* stack) {
+  if (eager_dynamic::maybe_handle(op, stack)) return;  // reads a mark_dynamic storage (eager_dynamic.cc)
   const OpInfo& info = op_info(op);
   std::string why = "no lowering";
   if (info.host_sync) {
