@@ -553,6 +553,8 @@ class DynamicGraph:
         self.name = name
         self.placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
         self.vals = [n.meta.get("val") for n in self.placeholders]
+        self.val_dyn = [_dyn(v) for v in self.vals]  # per input: symbolic dim -> size expression
+        self._wants: dict[tuple, list[int]] = {}  # (input, bucket) -> padded shape
         # Where each symbol's value is read from: (input index, dim) or (input index, None).
         self.bind: dict[sympy.Symbol, tuple[int, int | None]] = {}
         shape_env = None
@@ -623,8 +625,8 @@ class DynamicGraph:
         b = {s: next_bucket(values[s], self.upper[s]) for s in self.symbols}
         # A buffer that comes back (a prefix view of one of our outputs) with a larger capacity
         # than the bucket: use its capacity, so it is passed as is.
-        for i, v in enumerate(self.vals):
-            for d, s in _dyn(v).items():
+        for i, dyn in enumerate(self.val_dyn):
+            for d, s in dyn.items():
                 base = self._buffer(i, args[i], buffers)
                 if s in b and base is not None and base.shape[d] > b[s] and (self.upper[s] is None or base.shape[d] <= self.upper[s]):
                     b[s] = int(base.shape[d])
@@ -654,12 +656,15 @@ class DynamicGraph:
             return caps[e] if e in caps else int(e.xreplace(b))
         return phys
 
-    def _physical(self, a: Any, v: Any, b: dict[sympy.Symbol, int], base: torch.Tensor | None = None) -> Any:
-        """The buffer passed for input a: its bucket-sized buffer as is, else padded to the bucket."""
-        dyn = _dyn(v)
+    def _physical(self, i: int, a: Any, b: dict[sympy.Symbol, int], key: tuple,
+                  base: torch.Tensor | None = None) -> Any:
+        """The buffer passed for input i (a): its bucket-sized buffer as is, else padded to the bucket."""
+        dyn = self.val_dyn[i]
         if not dyn:
             return a
-        want = [evaluator(_expr(s))(b) if _free(s) else int(s) for s in v.shape]
+        want = self._wants.get((i, key))
+        if want is None:
+            want = self._wants[(i, key)] = [evaluator(_expr(s))(b) if _free(s) else int(s) for s in self.vals[i].shape]
         x = base if base is not None else a
         if list(x.shape) == want:
             return x
@@ -744,8 +749,7 @@ class DynamicGraph:
         values = self._values(args)
         b = self._buckets(values, args, buffers)
         key = ("padded", tuple(b[s] for s in self.symbols + self.int_symbols))
-        phys = [self._physical(a, v, b, self._buffer(i, a, buffers))
-                for i, (a, v) in enumerate(zip(args, self.vals, strict=True))]
+        phys = [self._physical(i, a, b, key, self._buffer(i, a, buffers)) for i, a in enumerate(args)]
         if key not in self.programs:
             try:
                 self.programs[key] = self._padded_program(b, phys)

@@ -360,8 +360,18 @@ class _Traced:
             if hi is not None and s in self.graph.upper:
                 old = self.graph.upper[s]
                 self.graph.upper[s] = hi if old is None else min(old, hi)
-        self.hi = {s: self.graph.upper.get(s) for s in self.symbols.values()}
-        self.out_vals = self.graph.out_vals
+        # Per result: ("int", -, its value, -) | ("dyn", dim, its real size, max) | ("plain", ...).
+        self.out_plan: list[tuple[str, int, Any, int | None]] = []
+        for v in self.graph.out_vals:
+            if ds._free(v):
+                self.out_plan.append(("int", 0, ds.evaluator(v.node.expr), None))
+            elif ds._dyn(v):
+                (d, e), = ds._dyn(v).items()
+                hi = min((self.graph.upper[s] for s in e.free_symbols
+                          if self.graph.upper.get(s) is not None), default=None)
+                self.out_plan.append(("dyn", d, ds.evaluator(e), hi))
+            else:
+                self.out_plan.append(("plain", 0, None, None))
 
     def admits(self, values: dict[int, int]) -> bool:
         if len(values) != len(self.symbols):
@@ -370,8 +380,6 @@ class _Traced:
         return all(g(*vals) for g in self.guards)
 
     def run(self, tensors: list[Any], dyn: dict[int, Any]) -> list[torch.Tensor]:
-        from torch_tpu._internal.dynamic_shapes import _dyn, _free, evaluator
-
         args = [tensors[i] for i in self.slots]
         buffers = [dyn[i][2] if i in dyn else None for i in self.slots]
         got = self.graph.run_padded(args, buffers)
@@ -381,15 +389,12 @@ class _Traced:
         outs, values = got
         EAGER["bucketed_calls"] += 1
         result: list[torch.Tensor] = []
-        for o, v in zip(outs, self.out_vals, strict=True):
-            if _free(v):
-                result.append(torch.tensor(evaluator(v.node.expr)(values), dtype=torch.int64))
-            elif isinstance(o, torch.Tensor) and _dyn(v):
-                (d, e), = _dyn(v).items()
-                real = evaluator(e)(values)
-                hi = min((h for s, h in self.hi.items() if h is not None and s in e.free_symbols), default=None)
+        for o, (kind, d, size, hi) in zip(outs, self.out_plan, strict=True):
+            if kind == "int":
+                result.append(torch.tensor(size(values), dtype=torch.int64))
+            elif kind == "dyn" and isinstance(o, torch.Tensor):
                 _mark_buffer(o, d, hi)
-                result.append(o.narrow(d, 0, real))
+                result.append(o.narrow(d, 0, size(values)))
             elif isinstance(o, torch.Tensor):
                 result.append(o)
             elif o is None:  # an undefined optional result (attention's unused outputs)
