@@ -138,3 +138,13 @@ def test_hf_generate_strict_eager_is_bucketed() -> None:
     before = _programs()
     assert torch.equal(gen(), ref)
     assert _programs() == before, f"second generate built {_programs() - before} programs"
+
+
+def test_changing_python_scalar_stops_tracing(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A Python scalar is a constant of the traced op: past the per-op bound the op runs exactly.
+    monkeypatch.setattr(eager_dynamic, "_MAX_TRACES_PER_OP", 2)
+    ref = torch.arange(1.0, 7.0).reshape(2, 3)
+    x = _dyn(ref)
+    for k in range(4):
+        assert torch.equal(torch.fmod(x, 1.5 + k).cpu(), torch.fmod(ref, 1.5 + k))
+    assert "distinct argument sets" in eager_dynamic.stats()["declined"]["aten.fmod.Scalar"]

@@ -52,6 +52,10 @@ _DTYPES = {"Float": torch.float32, "Double": torch.float64, "Half": torch.float1
            "Bool": torch.bool, "ComplexFloat": torch.complex64, "ComplexDouble": torch.complex128}
 _FORMATS = [torch.contiguous_format, torch.preserve_format, torch.channels_last, torch.channels_last_3d]
 _MAX_VARIANTS = 4  # traces per key (each a guard set) before the key declines
+# Distinct traces per op before the op declines: a Python scalar is part of the key (it is a
+# constant of the traced graph), so a scalar that changes every call must not trace every call.
+_MAX_TRACES_PER_OP = 64
+_MAX_CALL_TEXTS = 8192
 _installed = [False]
 
 
@@ -144,6 +148,7 @@ class _Call:
         elif any(isinstance(v, torch.device) and v.type != "tpu" for v in self.args):
             self.why = "moves to another device"
         self.variants: dict[tuple, list[Any]] = {}
+        self.traces = _TRACES.setdefault(str(self.op), [0])  # shared by every call text of the op
 
     def bind(self, tensors: list[Any]) -> tuple[list[Any], dict[str, Any]]:
         args: list[Any] = []
@@ -197,6 +202,7 @@ def _fill(v: Any, tensors: list[Any]) -> Any:
 
 
 _CALLS: dict[str, _Call | str] = {}
+_TRACES: dict[str, list[int]] = {}
 
 
 def _handle(text: str, tensors: list[torch.Tensor | None]) -> list[torch.Tensor]:
@@ -209,6 +215,8 @@ def _handle(text: str, tensors: list[torch.Tensor | None]) -> list[torch.Tensor]
             call = str(e)
         except Exception as e:  # noqa: BLE001 - an argument the parser does not know
             call = f"arguments: {type(e).__name__}: {e}"
+        if len(_CALLS) >= _MAX_CALL_TEXTS:  # bounded: start over (traces are rebuilt on demand)
+            _CALLS.clear()
         _CALLS[text] = call
     if isinstance(call, str):
         return _decline(text[: text.find("[")].strip("(,"), call)
@@ -265,6 +273,9 @@ def _run(call: _Call, tensors: list[Any]) -> list[torch.Tensor]:
     if entry is None:
         if len(variants) >= _MAX_VARIANTS:
             raise _Decline(f"sizes specialize the trace ({_MAX_VARIANTS} variants)")
+        if call.traces[0] >= _MAX_TRACES_PER_OP:
+            raise _Decline(f"more than {_MAX_TRACES_PER_OP} distinct argument sets (a changing Python scalar?)")
+        call.traces[0] += 1
         entry = _Traced(call, tensors, dyn, group)
         variants.append(entry)
     if entry.why:
