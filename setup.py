@@ -27,11 +27,21 @@ def kineto_include_dir() -> str:
     return os.path.join(list(spec.submodule_search_locations)[0], "include", "kineto")
 
 
+def xla_ffi_include_dirs() -> list[str]:
+    # The XLA FFI C/C++ API headers (xla/ffi/api/*.h) ship in the jaxlib wheel; with them the host
+    # kernels (csrc/runtime/ffi_kernels.cc) are built, without them the XLA paths are used.
+    spec = importlib.util.find_spec("jaxlib")
+    if spec is None or not spec.submodule_search_locations:
+        return []
+    inc = os.path.join(list(spec.submodule_search_locations)[0], "include")
+    return [inc] if os.path.exists(os.path.join(inc, "xla", "ffi", "api", "ffi.h")) else []
+
+
 sources = sorted(glob.glob("csrc/**/*.cc", recursive=True))
 ext = CppExtension(
     name="torch_tpu._C",
     sources=sources,
-    include_dirs=[os.path.abspath("csrc"), pjrt_include_dir(), kineto_include_dir()],
+    include_dirs=[os.path.abspath("csrc"), pjrt_include_dir(), kineto_include_dir(), *xla_ffi_include_dirs()],
     extra_compile_args=["-std=c++20", "-O2", "-fvisibility=hidden", "-Wno-unused-parameter"],
     extra_link_args=["-ldl"],
 )

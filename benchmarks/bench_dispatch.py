@@ -1,10 +1,13 @@
 """Cached small-op dispatch latency: tpu eager vs PyTorch CPU eager on a 100-element tensor, vs the
 raw PJRT launch floor (a C++ loop launching + awaiting a cached 4-element add through csrc/pjrt,
 measured in the same run), and fused eager's amortized cost per op on a 50 x (a * c + b) chain of
-16-element tensors ending in .item()."""
+16-element tensors ending in .item(). Also ops with tensor-list arguments and random ops (cat of
+two small tensors, _foreach_add_ over 8 tensors, dropout), which take the dispatch cache too;
+`--list-rng` times only those and prints them (no JSON written)."""
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -26,6 +29,7 @@ CHAIN_LEN = 50
 CHAIN_NUMEL = 16
 CHAIN_ITERS = 200
 GOAL_FUSED_CHAIN_OVER_CPU = 1.0
+LIST_RNG_ITERS = 5_000
 
 
 def add_loop(device: str, iters: int) -> Callable[[], object]:
@@ -76,12 +80,64 @@ def chain_loop(device: str, iters: int) -> Callable[[], object]:
     return loop
 
 
+def cat_loop(device: str, iters: int) -> Callable[[], object]:
+    a, b = torch.ones(NUMEL // 2, device=device), torch.zeros(NUMEL // 2, device=device)
+
+    def loop() -> torch.Tensor:
+        for _ in range(iters):
+            y = torch.cat([a, b])
+        if device == TPU:
+            sync()
+        return y
+
+    return loop
+
+
+def foreach_loop(device: str, iters: int) -> Callable[[], object]:
+    xs = [torch.zeros(NUMEL // 4, device=device) for _ in range(8)]
+    ys = [torch.full((NUMEL // 4,), 1e-3, device=device) for _ in range(8)]
+
+    def loop() -> list[torch.Tensor]:
+        for _ in range(iters):
+            torch._foreach_add_(xs, ys)
+        if device == TPU:
+            sync()
+        return xs
+
+    return loop
+
+
+def dropout_loop(device: str, iters: int) -> Callable[[], object]:
+    x = torch.ones(NUMEL, device=device)
+
+    def loop() -> torch.Tensor:
+        for _ in range(iters):
+            y = torch.nn.functional.dropout(x, 0.25, True)
+        if device == TPU:
+            sync()
+        return y
+
+    return loop
+
+
+def measure_list_rng() -> dict[str, dict[str, Any]]:
+    return {name: measure(make, LIST_RNG_ITERS, 1)
+            for name, make in (("cat", cat_loop), ("foreach_add_8", foreach_loop), ("dropout", dropout_loop))}
+
+
+def list_rng_summary(results: dict[str, dict[str, Any]]) -> str:
+    return ", ".join(f"{name} {r['tpu_us_per_op']:.2f} vs cpu {r['cpu_us_per_op']:.2f} us/op "
+                     f"(dispatch cache {r['dispatch_cache_hits_during_timing']}/{r['ops'] * REPEATS})"
+                     for name, r in results.items())
+
+
 def measure(
     make: Callable[[str, int], Callable[[], object]], iters: int, ops_per_iter: int
 ) -> dict[str, Any]:
     for device in (TPU, "cpu"):
         make(device, WARMUP_ITERS)()  # compiles once on tpu; warms caches on both
     before = torch_tpu.cache_stats()
+    served_before = torch_tpu._C._dispatch_cache_stats()["hits"]
     fb_before = sum(torch_tpu.fallback_stats().values())
     times = interleaved({TPU: make(TPU, iters), "cpu": make("cpu", iters)}, REPEATS)
     after = torch_tpu.cache_stats()
@@ -98,6 +154,7 @@ def measure(
         "cpu_times_s": times["cpu"],
         "compile_misses_during_timing": after["misses"] - before["misses"],
         "op_hits_during_timing": after["op_hits"] - before["op_hits"],
+        "dispatch_cache_hits_during_timing": torch_tpu._C._dispatch_cache_stats()["hits"] - served_before,
         "cpu_fallbacks_during_timing": sum(torch_tpu.fallback_stats().values()) - fb_before,
     }
 
@@ -108,6 +165,7 @@ def run() -> dict[str, Any]:
     floor_us = median([torch_tpu._C._raw_launch_floor_us(FLOOR_ITERS) for _ in range(REPEATS)])
     # ops per chain: 2 per step + the sum (the .item() read is the sync)
     chain = measure(chain_loop, CHAIN_ITERS, 2 * CHAIN_LEN + 1)
+    list_rng = measure_list_rng()
     ratios = [
         ratio("add", add["ratio_tpu_over_cpu"], GOAL_MAX_RATIO, higher_is_better=False),
         ratio("mixed", mixed["ratio_tpu_over_cpu"], GOAL_MAX_RATIO, higher_is_better=False),
@@ -118,7 +176,7 @@ def run() -> dict[str, Any]:
         f"{NAME}: add {add['tpu_us_per_op']:.2f} vs cpu {add['cpu_us_per_op']:.2f} us/op, "
         f"mixed {mixed['tpu_us_per_op']:.2f} vs cpu {mixed['cpu_us_per_op']:.2f} us/op, "
         f"raw launch floor {floor_us:.2f} us, fused chain {chain['tpu_us_per_op']:.2f} vs cpu "
-        f"{chain['cpu_us_per_op']:.2f} us/op | "
+        f"{chain['cpu_us_per_op']:.2f} us/op, {list_rng_summary(list_rng)} | "
         + ", ".join(fmt_ratio(r) for r in ratios)
     )
     return finish(
@@ -129,6 +187,7 @@ def run() -> dict[str, Any]:
             "mixed": mixed,
             "raw_launch_floor_us": floor_us,
             "fused_chain": chain,
+            "list_and_random_ops": list_rng,
             "ratios": ratios,
             "summary": summary,
         },
@@ -136,4 +195,7 @@ def run() -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    run()
+    if "--list-rng" in sys.argv:
+        print(f"{NAME} (list/random ops only): {list_rng_summary(measure_list_rng())}")
+    else:
+        run()

@@ -3,11 +3,23 @@ bucketize, searchsorted, cummax/cummin) on tpu against PyTorch on the CPU."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import pytest
 import torch
 import torch_tpu
 
 TOL = {torch.float32: dict(atol=1e-5, rtol=1e-5), torch.bfloat16: dict(atol=3e-2, rtol=3e-2)}
+
+
+@pytest.fixture(params=["host", "xla"])
+def path(request: pytest.FixtureRequest) -> Iterator[str]:
+    """The CPU plugin's host kernel (an XLA FFI custom call), then the XLA lowering."""
+    if request.param == "host" and torch.tpu.ops.host_kernels().startswith("unavailable"):
+        pytest.skip("no host kernels here")  # test_ragged_dot.py::test_host_kernels_registered checks why
+    torch.tpu.ops.host_kernels(request.param == "host")
+    yield request.param
+    torch.tpu.ops.host_kernels(True)
 
 
 def _offs(*ends: int) -> torch.Tensor:
@@ -24,7 +36,7 @@ def _run(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor | None) -> tuple[t
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_2d_3d_rows_grouped(dtype: torch.dtype) -> None:
+def test_2d_3d_rows_grouped(dtype: torch.dtype, path: str) -> None:
     torch.manual_seed(0)
     a = torch.randn(24, 16, dtype=dtype)
     w = torch.randn(5, 16, 8, dtype=dtype)
@@ -45,7 +57,7 @@ def test_2d_3d_rows_grouped(dtype: torch.dtype) -> None:
     ],
 )
 @pytest.mark.parametrize("col_major", [False, True])
-def test_2d_3d_tiled_routings(ends: tuple[int, ...], col_major: bool) -> None:
+def test_2d_3d_tiled_routings(ends: tuple[int, ...], col_major: bool, path: str) -> None:
     # 64 rows over 8 groups takes the tiled path (8-row tiles, 15 tile/group pairs); a
     # column-major mat2 (weight.transpose(-2, -1)) is sliced in its own storage order.
     torch.manual_seed(11)
@@ -58,7 +70,7 @@ def test_2d_3d_tiled_routings(ends: tuple[int, ...], col_major: bool) -> None:
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_2d_3d_transposed_weight_view(dtype: torch.dtype) -> None:
+def test_2d_3d_transposed_weight_view(dtype: torch.dtype, path: str) -> None:
     # Transformers passes weight.transpose(-2, -1) of a [G, N, K] parameter.
     torch.manual_seed(1)
     a = torch.randn(16, 8, dtype=dtype)
@@ -79,7 +91,7 @@ def test_3d_2d_cols_grouped(dtype: torch.dtype) -> None:
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_2d_2d_offsets_along_k(dtype: torch.dtype) -> None:
+def test_2d_2d_offsets_along_k(dtype: torch.dtype, path: str) -> None:
     torch.manual_seed(3)
     a = torch.randn(8, 24, dtype=dtype)
     b = torch.randn(24, 16, dtype=dtype)

@@ -1,8 +1,13 @@
 """torch.tpu.ops.ragged_dot / ragged_dot_weight_grad against the per-group loop on the CPU: forward,
 weight gradient, autograd, compiled graphs, no host sync, every window of the lowered path, the
+host kernel of the CPU plugin (an XLA FFI custom call) in strict, fused and compiled programs, the
 Pallas kernel, and bad input."""
 
 from __future__ import annotations
+
+import importlib.util
+import os
+from collections.abc import Iterator
 
 import pytest
 import torch
@@ -28,6 +33,16 @@ def _wgrad_loop(lhs: torch.Tensor, grad: torch.Tensor, sizes: list[int]) -> torc
     return out
 
 
+@pytest.fixture(params=["host", "xla"])
+def path(request: pytest.FixtureRequest) -> Iterator[str]:
+    """The CPU plugin's host kernel, then the XLA lowering, for the same test."""
+    if request.param == "host" and torch.tpu.ops.host_kernels().startswith("unavailable"):
+        pytest.skip("no host kernels here")  # test_host_kernels_registered says whether that is expected
+    torch.tpu.ops.host_kernels(request.param == "host")
+    yield request.param
+    torch.tpu.ops.host_kernels(True)
+
+
 CASES = [
     (12, [3, 0, 5, 2]),            # empty group, two rows past the groups
     (2, [0, 1, 0, 0, 0, 1, 0, 0]),  # decode: fewer rows than experts (per-row weight gather)
@@ -38,7 +53,7 @@ CASES = [
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("m,sizes", CASES)
-def test_forward_and_weight_grad(dtype: torch.dtype, m: int, sizes: list[int]) -> None:
+def test_forward_and_weight_grad(dtype: torch.dtype, m: int, sizes: list[int], path: str) -> None:
     g = torch.Generator().manual_seed(m)
     lhs = torch.randn(m, 16, generator=g).to(dtype)
     rhs = torch.randn(len(sizes), 16, 24, generator=g).to(dtype)
@@ -60,6 +75,75 @@ def test_forward_and_weight_grad(dtype: torch.dtype, m: int, sizes: list[int]) -
     # the CPU kernel of the op agrees with the loop too
     torch.testing.assert_close(torch.tpu.ops.ragged_dot(lhs, rhs, gs).float(), _loop(lhs, rhs, sizes), **TOL[dtype])
     assert torch_tpu.fallback_stats() == {}
+
+
+def test_host_kernels_registered() -> None:
+    # On the CPU plugin with jaxlib's XLA FFI headers at build time the FFI handlers must register
+    # (and pass their probe call); anywhere else the status says why not.
+    status = torch.tpu.ops.host_kernels()
+    ffi_headers = importlib.util.find_spec("jaxlib") is not None
+    if torch_tpu._C._platform()["platform_name"] == "cpu" and ffi_headers \
+            and os.environ.get("TORCH_TPU_HOST_KERNELS") != "0":
+        assert status == "on", status
+    else:
+        assert status.startswith("unavailable: "), status
+    with pytest.raises(TypeError, match="host_kernels: enabled must be a bool"):
+        torch.tpu.ops.host_kernels(1)  # type: ignore[arg-type]
+
+
+def _programs(dump: str) -> str:
+    return "".join(open(os.path.join(dump, f)).read() for f in sorted(os.listdir(dump)))
+
+
+def test_host_kernel_in_strict_fused_and_compiled_programs(tmp_path: object, monkeypatch: pytest.MonkeyPatch) -> None:
+    if torch.tpu.ops.host_kernels() != "on":
+        pytest.skip("no host kernels here")
+    dumps = [str(tmp_path / n) for n in ("strict", "fused", "compiled", "off")]  # type: ignore[operator]
+    sizes = [6, 0, 9, 3]  # shapes no other test uses: every program below is compiled fresh
+    lhs, rhs, grad = torch.randn(21, 12), torch.randn(4, 12, 10), torch.randn(21, 10)
+    gs = torch.tensor(sizes, dtype=torch.int32)
+    lt, rt, gt, st = lhs.to("tpu"), rhs.to("tpu"), grad.to("tpu"), gs.to("tpu")
+    want, want_w = _loop(lhs, rhs, sizes), _wgrad_loop(lhs, grad, sizes)
+    torch_tpu.synchronize()
+    syncs = torch_tpu.dispatch_stats()["host_syncs"]
+    monkeypatch.setenv("TORCH_TPU_DUMP_DIR", dumps[0])
+    out, wg = torch.tpu.ops.ragged_dot(lt, rt, st), torch.tpu.ops.ragged_dot_weight_grad(lt, gt, st)
+    assert torch_tpu.dispatch_stats()["host_syncs"] == syncs
+    torch.testing.assert_close(out.cpu(), want, atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(wg.cpu(), want_w, atol=1e-4, rtol=1e-4)
+    text = _programs(dumps[0])
+    assert '"torch_tpu.ragged_dot"' in text and '"torch_tpu.ragged_dot_wgrad"' in text
+    # fused eager: the custom call is one node of the fused program
+    monkeypatch.setenv("TORCH_TPU_DUMP_DIR", dumps[1])
+    torch_tpu.synchronize()
+    with torch_tpu.set_eager_mode(torch_tpu.EagerMode.DEFER_AND_FUSE):
+        before = torch_tpu.dispatch_stats()["launches"]
+        got = (torch.tpu.ops.ragged_dot(lt * 2, rt, st) + 1).cpu()
+        assert torch_tpu.dispatch_stats()["launches"] - before == 1
+    torch.testing.assert_close(got, _loop(lhs * 2, rhs, sizes) + 1, atol=1e-4, rtol=1e-4)
+    assert '"torch_tpu.ragged_dot"' in _programs(dumps[1])
+    # compiled: forward and backward graphs call the kernel (backward: rhs^T and the weight grad)
+    monkeypatch.setenv("TORCH_TPU_DUMP_DIR", dumps[2])
+
+    def f(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+        return torch.tpu.ops.ragged_dot(a, b, c).tanh().sum()
+
+    la, ra = lt.clone().requires_grad_(), rt.clone().requires_grad_()
+    torch.compile(f, backend="tpu", fullgraph=True)(la, ra, st).backward()
+    lc, rc = lhs.clone().requires_grad_(), rhs.clone().requires_grad_()
+    f(lc, rc, gs).backward()
+    torch.testing.assert_close(la.grad.cpu(), lc.grad, atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(ra.grad.cpu(), rc.grad, atol=1e-4, rtol=1e-4)
+    text = _programs(dumps[2])
+    assert '"torch_tpu.ragged_dot"' in text and '"torch_tpu.ragged_dot_wgrad"' in text
+    # switched off: a new plan on the XLA path, same numbers
+    monkeypatch.setenv("TORCH_TPU_DUMP_DIR", dumps[3])
+    try:
+        assert torch.tpu.ops.host_kernels(False) == "off"
+        torch.testing.assert_close(torch.tpu.ops.ragged_dot(lt, rt, st).cpu(), want, atol=1e-4, rtol=1e-4)
+    finally:
+        torch.tpu.ops.host_kernels(True)
+    assert "custom_call" not in _programs(dumps[3])
 
 
 def test_backward_matches_cpu() -> None:

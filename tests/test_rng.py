@@ -35,3 +35,41 @@ def test_rng_reproducible_and_seedable() -> None:
     g.manual_seed(7)
     assert torch.equal(x1.cpu(), torch.rand(10, device="tpu", generator=g).cpu())
     assert torch_tpu.fallback_stats() == {}
+
+
+def _offset() -> int:
+    """The device generator's Philox offset (bytes 8..16 of its state)."""
+    return int(torch.tpu.get_rng_state()[8:].view(torch.int64).item())
+
+
+def test_generator_draws_match_cpu_in_eager_and_compiled() -> None:
+    """Whether a call advances the generator follows PyTorch's CPU kernels (attention with
+    dropout_p == 0 and native_dropout in eval mode draw nothing), and eager and compiled calls
+    advance it by the same amount (one rule, lowering::rng_counters)."""
+    import torch.nn.functional as F
+
+    cases = {
+        "sdpa p=0": (lambda q, x: F.scaled_dot_product_attention(q, q, q, dropout_p=0.0)),
+        "sdpa p=0.5": (lambda q, x: F.scaled_dot_product_attention(q, q, q, dropout_p=0.5)),
+        "native_dropout eval": (lambda q, x: torch.native_dropout(x, 0.5, False)),
+        "native_dropout p=0 train": (lambda q, x: torch.native_dropout(x, 0.0, True)),
+        "dropout p=0.25": (lambda q, x: F.dropout(x, 0.25, True)),
+    }
+    q_cpu, x_cpu = torch.randn(1, 2, 4, 8), torch.randn(10)
+    q, x = q_cpu.to("tpu"), x_cpu.to("tpu")
+    for name, fn in cases.items():
+        torch.manual_seed(0)
+        fn(q_cpu, x_cpu)
+        after = torch.rand(4)
+        torch.manual_seed(0)
+        cpu_draws = not torch.equal(after, torch.rand(4))
+        start = _offset()
+        fn(q, x)
+        eager = _offset() - start
+        compiled_fn = torch.compile(fn, backend="tpu", fullgraph=True)
+        compiled_fn(q, x)  # compile
+        start = _offset()
+        compiled_fn(q, x)
+        compiled = _offset() - start
+        assert (eager > 0) == cpu_draws, (name, eager, cpu_draws)
+        assert compiled == eager, (name, compiled, eager)

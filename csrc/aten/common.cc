@@ -1,7 +1,11 @@
 #include "common.h"
 
 #include <ATen/Context.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/scalar_tensor.h>
 #include <c10/util/Exception.h>
+
+#include <array>
 
 #include <atomic>
 
@@ -28,6 +32,44 @@ void set_precision_override(int p) {
 }
 
 int precision_override() { return g_precision_override.load(std::memory_order_relaxed); }
+
+void ResultTypeAccumulator::tensor(const at::Tensor& t) {
+  try {
+    state_ = at::native::update_result_type_state(t, state_);
+    any_ = true;
+  } catch (const c10::Error&) {  // float8 next to other floats (_scaled_mm): no promotion
+  }
+}
+
+void ResultTypeAccumulator::value(c10::ScalarType dtype, bool zero_dim) {
+  // A meta tensor per (dtype, rank 0 or not): the state machine reads nothing else.
+  thread_local std::array<at::Tensor, 2 * static_cast<size_t>(c10::ScalarType::NumOptions)> metas;
+  at::Tensor& m = metas[static_cast<size_t>(dtype) * 2 + (zero_dim ? 1 : 0)];
+  if (!m.defined())
+    m = at::empty(zero_dim ? c10::IntArrayRef{} : c10::IntArrayRef{1}, at::TensorOptions().device(c10::kMeta).dtype(dtype));
+  tensor(m);
+}
+
+void ResultTypeAccumulator::scalar(const c10::Scalar& sc) {
+  scalar_kind(sc.isFloatingPoint() ? at::kDouble : sc.isBoolean() ? at::kBool : at::kLong);
+}
+
+void ResultTypeAccumulator::scalar_kind(c10::ScalarType kind) {
+  // One wrapped 0-d tensor per kind (the flag makes it promote as a Python number).
+  thread_local at::Tensor d, l, b;
+  at::Tensor& w = kind == at::kDouble ? d : kind == at::kLong ? l : b;
+  if (!w.defined()) {
+    w = at::scalar_tensor(0, at::TensorOptions().device(c10::kCPU).dtype(kind));
+    w.unsafeGetTensorImpl()->set_wrapped_number(true);
+  }
+  tensor(w);
+}
+
+c10::ScalarType ResultTypeAccumulator::result(c10::ScalarType fallback) const {
+  if (!any_) return fallback;
+  c10::ScalarType r = at::native::result_type(state_);
+  return supported_dtype(r) ? r : fallback;
+}
 
 
 using shlo::ElemType;

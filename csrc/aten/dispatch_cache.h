@@ -4,9 +4,12 @@
 // everything the first call with that signature derived: output metadata, the plan (whose key,
 // program and result type follow from the signature) and where each of the plan's storages and
 // host operands comes from in the boxed call. A hit allocates the outputs, binds the plan to this
-// call's storages and scalar values and launches the remembered program: no meta call, no key
-// strings, no planning. Only plain calls are cached (see OpInfo::cacheable); the rest take the
-// full path in aten/dispatch.cc, which fills the cache.
+// call's storages and scalar values (and draws a random op's generator state) and launches the
+// remembered program: no meta call, no key strings, no planning. Tensor lists (cat, foreach,
+// index's Tensor?[]) and random ops are served too; calls needing per-call host work before
+// planning (CPU index tensors, bool masks) have signatures that never match a remembered one
+// (the full path remembers the call after that work). Not served (see OpInfo::cacheable): host
+// syncs, bool and view returns, pure factories. The full path (aten/dispatch.cc) fills the cache.
 #pragma once
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/util/SmallVector.h>
@@ -15,30 +18,11 @@
 #include <string>
 #include <vector>
 
+#include "call_outputs.h"
+#include "op_info.h"
 #include "plan_call.h"
 
 namespace tpu::aten {
-
-// What the boxed kernel needs to know about an op, derived once per schema.
-struct OpInfo {
-  c10::OperatorName name{"", ""};
-  std::string base;                          // lowering table name ("add_" -> "add")
-  const lowering::OpEntry* entry = nullptr;  // null: no eager lowering (graph-only or none)
-  bool host_sync = false;                    // TPU_HOST_SYNC: CPU fallback, one counted read
-  bool cacheable = false;                    // calls may take the dispatch cache
-  bool may_write_args = true;                // arguments may be written without being returned
-  std::vector<NamedArg::Hint> hints;         // per argument (declared runtime scalars: Scalar)
-};
-const OpInfo& op_info(const c10::OperatorHandle& op);
-
-struct MetaOut {
-  std::vector<int64_t> sizes, strides;
-  c10::ScalarType dtype;
-  std::optional<int64_t> int_value;  // an int/SymInt return (e.g. SDPA's max_q), from meta
-};
-struct MetaResult {
-  std::vector<MetaOut> outs;
-};
 
 // A call's signature as words; valid() is false when the call cannot take the cache.
 class CallSignature {
@@ -49,8 +33,13 @@ class CallSignature {
   const c10::SmallVector<int64_t, 48>& words() const { return w_; }
 
  private:
-  void tensor(const at::Tensor& t, c10::ArrayRef<c10::IValue> args, size_t j);
+  void value(const OpInfo& info, const c10::IValue& v, size_t j);
+  void tensor(const at::Tensor& t);
+  void list(const c10::IValue& v, bool scalars);
   c10::SmallVector<int64_t, 48> w_;
+  // Storages of the tpu tensors seen so far: the plan has one slot per distinct storage.
+  c10::SmallVector<const c10::StorageImpl*, 8> storages_;
+  bool has_input_tensor_ = false;
   bool valid_ = true;
 };
 
@@ -61,9 +50,17 @@ struct CachedCall {
   std::weak_ptr<runtime::Program> program;  // strict: evicted programs are looked up again
   std::vector<CallSource> slot_src, host_src;
   int device = 0;
+  int64_t rng_counters = 0;
+  int rng_device = 0;
 };
 
 std::shared_ptr<const CachedCall> find_cached_call(const CallSignature& sig);
+
+// Calls served from the cache, calls remembered by the full path, signatures held now.
+struct DispatchCacheStats {
+  int64_t hits = 0, remembered = 0, entries = 0;
+};
+DispatchCacheStats dispatch_cache_stats();
 void remember_call(const CallSignature& sig, std::shared_ptr<const MetaResult> meta, PlannedCall planned);
 
 }  // namespace tpu::aten

@@ -10,6 +10,10 @@
 //
 // - torch_tpu::ragged_dot: only to pass the rhs layout hint (below).
 //
+// _grouped_mm, ragged_dot and ragged_dot_weight_grad also pass "host_kernel", the state of the
+// host-kernel switch (lowering/host_kernels.h: the CPU plugin's FFI GEMM), so it is part of the
+// plan key and toggling it (torch_tpu::_host_kernels, below) never reuses a plan of the other path.
+//
 // All go through run_lowering (strict/fused eager, compile cache, explain) like every lowered
 // op; a lowering that refuses (Unsupported) falls back to the CPU, counted as usual.
 #include <ATen/core/Tensor.h>
@@ -28,6 +32,9 @@
 #include "common.h"
 #include "plan_call.h"
 #include "cpu_fallback.h"
+#include "lowering/host_kernels.h"
+#include "runtime/context.h"
+#include "runtime/ffi_kernels.h"
 
 namespace tpu::aten {
 namespace {
@@ -136,7 +143,8 @@ void grouped_mm_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet, torch
                               {"offs", opt(offs)},
                               {"bias", c10::IValue()},
                               {"out_dtype", args[4], NamedArg::Hint::DType},
-                              {"mat2_col_major", w_col_major}};
+                              {"mat2_col_major", w_col_major},
+                              {"host_kernel", lowering::host_kernels_enabled()}};
   if (!run_or_fallback(op, stack, "_grouped_mm", named, {out}, a.scalar_type())) return;
   torch::jit::drop(*stack, 5);
   stack->push_back(out);
@@ -162,10 +170,43 @@ void ragged_dot_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet, torch
   c10::DeviceGuard guard(a.device());
   at::Tensor out = at::empty({a.size(0), w.size(2)}, a.options());
   const bool w_col_major = w.size(1) > 1 && w.size(2) > 1 && w.stride(1) == 1 && w.stride(2) != 1;
-  std::vector<NamedArg> named{{"lhs", a}, {"rhs", w}, {"group_sizes", sizes}, {"rhs_col_major", w_col_major}};
+  std::vector<NamedArg> named{{"lhs", a}, {"rhs", w}, {"group_sizes", sizes}, {"rhs_col_major", w_col_major},
+                              {"host_kernel", lowering::host_kernels_enabled()}};
   if (!run_or_fallback(op, stack, "ragged_dot", named, {out}, a.scalar_type())) return;
   torch::jit::drop(*stack, 3);
   stack->push_back(out);
+}
+
+// torch_tpu::ragged_dot_weight_grad: the generic path plus the host-kernel hint.
+void ragged_dot_wgrad_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stack* stack) {
+  auto args = torch::jit::last(*stack, 3);
+  const at::Tensor a = args[0].toTensor();
+  const at::Tensor d = args[1].toTensor();
+  const at::Tensor sizes = args[2].toTensor();
+  TORCH_CHECK(a.dim() == 2 && d.dim() == 2 && sizes.dim() == 1 && a.size(0) == d.size(0),
+              "ragged_dot_weight_grad: expected lhs [M, K], grad [M, N] and group_sizes [G], got ", a.sizes(),
+              ", ", d.sizes(), ", ", sizes.sizes());
+  TORCH_CHECK(d.scalar_type() == a.scalar_type(), "ragged_dot_weight_grad: lhs and grad must share one dtype");
+  if (a.device().type() != kTpu || d.device() != a.device() || sizes.device() != a.device()) {
+    cpu_fallback(op, stack, "operands on different devices");
+    return;
+  }
+  c10::DeviceGuard guard(a.device());
+  at::Tensor out = at::empty({sizes.size(0), a.size(1), d.size(1)}, a.options());
+  std::vector<NamedArg> named{{"lhs", a}, {"grad", d}, {"group_sizes", sizes},
+                              {"host_kernel", lowering::host_kernels_enabled()}};
+  if (!run_or_fallback(op, stack, "ragged_dot_weight_grad", named, {out}, a.scalar_type())) return;
+  torch::jit::drop(*stack, 3);
+  stack->push_back(out);
+}
+
+// torch_tpu::_host_kernels(enable): -1 reads, 0/1 switches the host kernels off/on for the
+// lowerings that follow; returns "on", "off" or "unavailable: <why>". Starts the client, which
+// registers them.
+std::string host_kernels_op(int64_t enable) {
+  runtime::Context::get().client();
+  if (enable >= 0) lowering::set_host_kernels_enabled(enable != 0);
+  return runtime::host_kernels_status();
 }
 
 void bincount_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stack* stack) {
@@ -221,6 +262,9 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
 
 TORCH_LIBRARY_IMPL(torch_tpu, PrivateUse1, m) {
   m.impl("ragged_dot", torch::CppFunction::makeFromBoxedFunction<&ragged_dot_kernel>());
+  m.impl("ragged_dot_weight_grad", torch::CppFunction::makeFromBoxedFunction<&ragged_dot_wgrad_kernel>());
 }
+
+TORCH_LIBRARY_FRAGMENT(torch_tpu, m) { m.def("_host_kernels(int enable=-1) -> str", &host_kernels_op); }
 
 }  // namespace tpu::aten

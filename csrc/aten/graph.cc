@@ -55,37 +55,31 @@ int64_t span_of(const std::vector<int64_t>& sizes, const std::vector<int64_t>& s
   return n;
 }
 
+// PyTorch's result type over the node's inputs, as eager computes it (ResultTypeAccumulator).
 c10::ScalarType common_dtype(const GraphNode& node, const std::unordered_map<int64_t, Value>& vals) {
-  at::native::ResultTypeState st{};
-  bool any = false;
-  auto add_tensor = [&](const Value& v) {
-    st = at::native::update_result_type_state(
-        at::empty(v.shape(), at::TensorOptions().device(c10::kMeta).dtype(scalar_of(v.elem()))), st);
-    any = true;
-  };
-  auto add_scalar = [&](at::ScalarType t) {
-    at::Tensor w = at::scalar_tensor(0, at::TensorOptions().dtype(t));
-    w.unsafeGetTensorImpl()->set_wrapped_number(true);
-    st = at::native::update_result_type_state(w, st);
-    any = true;
-  };
+  ResultTypeAccumulator promotion;
   for (const GraphArg& a : node.args) {
     if (a.name == "out" || a.name == "generator") continue;
     switch (a.kind) {
-      case ArgKind::Tensor: add_tensor(vals.at(a.value_ids[0])); break;
-      case ArgKind::NumberValue: {
+      case ArgKind::Tensor: {
         const Value& v = vals.at(a.value_ids[0]);
-        add_scalar(shlo::is_float(v.elem()) ? at::kDouble : v.elem() == ElemType::Pred ? at::kBool : at::kLong);
+        promotion.value(scalar_of(v.elem()), v.shape().empty());
         break;
       }
-      case ArgKind::FloatScalar: add_scalar(at::kDouble); break;
-      case ArgKind::IntScalar: add_scalar(at::kLong); break;
-      case ArgKind::BoolScalar: add_scalar(at::kBool); break;
+      case ArgKind::NumberValue: {
+        const ElemType e = vals.at(a.value_ids[0]).elem();
+        promotion.scalar_kind(shlo::is_float(e) ? at::kDouble : e == ElemType::Pred ? at::kBool : at::kLong);
+        break;
+      }
+      case ArgKind::FloatScalar: promotion.scalar_kind(at::kDouble); break;
+      case ArgKind::IntScalar: promotion.scalar_kind(at::kLong); break;
+      case ArgKind::BoolScalar: promotion.scalar_kind(at::kBool); break;
       default: break;
     }
   }
-  if (!any) return node.out_types.empty() ? c10::kFloat : static_cast<c10::ScalarType>(node.out_types[0].dtype);
-  return at::native::result_type(st);
+  return promotion.result(node.out_types.empty() || node.out_types[0].dtype < 0
+                              ? c10::kFloat
+                              : static_cast<c10::ScalarType>(node.out_types[0].dtype));
 }
 
 }  // namespace

@@ -118,14 +118,14 @@ class Planner {
     add_host(h, src);
   }
 
-  void host_rng(uint64_t seed, uint64_t offset) {
-    HostOperand h{};
-    h.elem = ElemType::U64;
-    h.dim0 = 2;
-    std::memcpy(h.bytes, &seed, 8);
-    std::memcpy(h.bytes + 8, &offset, 8);
+  // The generator state: drawn again by each call that reuses the plan (CallSource::rng).
+  void host_rng(const HostOperand& state, CallSource src, int device, int64_t counters) {
     p_.key += "G;";
-    add_host(h, CallSource{});  // drawn per call: a plan with RNG state is not cached by call
+    add_host(state, src);
+    if (rec_) {
+      rec_->rng_counters = counters;
+      rec_->rng_device = device;
+    }
   }
 
   int num_host() const { return static_cast<int>(c_.host.size()); }
@@ -158,7 +158,7 @@ class Planner {
     c_.host.push_back(h);
     if (rec_) {
       rec_->host_src.push_back(src);
-      if (src.arg < 0) rec_->cacheable = false;
+      if (src.arg < 0 && !src.rng) rec_->cacheable = false;
     }
   }
 
@@ -298,50 +298,49 @@ bool flattenable(const lowering::OpEntry& entry, const std::vector<NamedArg>& ar
   return flatten;
 }
 
-// Random ops reserve Philox counters for the larger of their outputs and tensor inputs
-// (multinomial draws one number per category), one 128-bit block (4 x u32 = 2 x u64) per
-// element: enough for two 32-bit uniforms (Box-Muller) or 64-bit draws, so consecutive ops
-// never reuse counters.
-int64_t rng_elements(const lowering::OpEntry& entry, const std::vector<NamedArg>& args,
+// Philox counters the call consumes (lowering::rng_counters: 0 when it draws nothing). The
+// element count is the larger of its outputs and tensor inputs (multinomial draws one number
+// per category).
+int64_t rng_counters(const lowering::OpEntry& entry, const std::vector<NamedArg>& args,
                      const std::vector<at::Tensor>& outs) {
-  int64_t rng_numel = 1;
+  if (!entry.random) return 0;
+  int64_t largest = 1;
   for (const auto& o : outs)
-    if (o.defined()) rng_numel = std::max<int64_t>(rng_numel, o.numel());
-  if (entry.random) {
+    if (o.defined()) largest = std::max<int64_t>(largest, o.numel());
+  for (const auto& a : args)
+    if (a.value.isTensor() && a.value.toTensor().defined()) largest = std::max<int64_t>(largest, a.value.toTensor().numel());
+  auto constant = [&](const std::string& name) -> std::optional<double> {
     for (const auto& a : args) {
-      if (a.value.isTensor() && a.value.toTensor().defined())
-        rng_numel = std::max<int64_t>(rng_numel, a.value.toTensor().numel());
+      if (a.name != name) continue;
+      if (a.value.isDouble() || a.value.isInt() || a.value.isBool()) return a.value.toScalar().toDouble();
+      return std::nullopt;
     }
-  }
-  return rng_numel;
+    return std::nullopt;
+  };
+  return lowering::rng_counters(entry, constant, largest);
 }
 
 // One lowering argument: a device view, a host operand (Python scalar, 0-d CPU tensor, RNG
 // state) or a constant that is part of the key.
-ArgPlan plan_argument(Planner& pl, Plan& plan, const NamedArg& a, int arg_index, int64_t rng_numel,
+ArgPlan plan_argument(Planner& pl, Plan& plan, const NamedArg& a, int arg_index, int64_t rng_counters,
                       const std::vector<at::Tensor>& outs) {
   const auto src = static_cast<int16_t>(arg_index);
   ArgPlan ap;
   ap.name = a.name;
   Arg& av = ap.value;
   const c10::IValue& v = a.value;
-  if (a.hint == NamedArg::Hint::Ignore) {
-    av.kind = Arg::Kind::None;
+  if (a.hint == NamedArg::Hint::Ignore || (a.hint == NamedArg::Hint::Generator && rng_counters == 0)) {
+    av.kind = Arg::Kind::None;  // (a call that draws nothing leaves its generator alone)
   } else if (a.hint == NamedArg::Hint::Generator) {
-    c10::optional<at::Generator> g;
-    if (v.isGenerator()) g = v.toGenerator();
+    std::optional<at::Generator> g;
+    if (v.isGenerator() && v.toGenerator().defined()) g = v.toGenerator();
     int dev = std::max(pl.device(), 0);
     for (const auto& o : outs)
       if (o.defined()) { dev = o.device().index(); break; }
-    at::Generator gen = g.has_value() && g->defined() ? *g : default_generator(dev);
-    TORCH_CHECK(gen.device().type() == kTpu, "Expected a 'tpu' device type for generator but found '",
-                gen.device().str(), "'");
-    auto* impl = gen.get<TpuGenerator>();
-    std::lock_guard<std::mutex> lock(gen.mutex());
-    auto [seed, offset] = impl->next(static_cast<uint64_t>(rng_numel + 1));
     av.kind = Arg::Kind::Tensor;
     ap.host_index.push_back(pl.num_host());
-    pl.host_rng(seed, offset);
+    pl.host_rng(draw_rng_state(g, dev, rng_counters), CallSource{static_cast<int16_t>(g ? src : -1), -1, false, true},
+                dev, rng_counters);
   } else if (v.isNone()) {
     av.kind = Arg::Kind::None;
     plan.key += "N;";
@@ -503,18 +502,18 @@ void run_lowering(const std::string& name, const std::string& overload,
   Planner pl(plan, call, record, flatten);
 
   // Random ops without a Generator argument (native_dropout) still draw from the device's.
+  const int64_t counters = rng_counters(entry, args, outs);
   std::vector<const NamedArg*> all_args;
   for (const auto& a : args) all_args.push_back(&a);
   const NamedArg device_generator{"generator", c10::IValue(), NamedArg::Hint::Generator};
-  if (entry.random && std::none_of(args.begin(), args.end(), [](const NamedArg& a) {
+  if (counters > 0 && std::none_of(args.begin(), args.end(), [](const NamedArg& a) {
         return a.hint == NamedArg::Hint::Generator;
       }))
     all_args.push_back(&device_generator);
 
-  const int64_t rng_numel = rng_elements(entry, args, outs);
   plan.args.reserve(all_args.size());
   for (size_t j = 0; j < all_args.size(); ++j)
-    plan.args.push_back(plan_argument(pl, plan, *all_args[j], static_cast<int>(j), rng_numel, outs));
+    plan.args.push_back(plan_argument(pl, plan, *all_args[j], static_cast<int>(j), counters, outs));
   plan_outputs(pl, plan, outs, common);
   call.device = std::max(pl.device(), 0);
   call.plan = plan_ptr;
@@ -534,6 +533,23 @@ void execute_call(const runtime::Call& call, runtime::ProgramPtr* program, const
   } catch (const runtime::DeviceCheckError& e) {  // debug eager raises at the op
     throw_device_check(e.kind, e.what());
   }
+}
+
+runtime::HostOperand draw_rng_state(const std::optional<at::Generator>& g, int device, int64_t counters) {
+  at::Generator gen = g ? *g : default_generator(static_cast<c10::DeviceIndex>(device));
+  TORCH_CHECK(gen.device().type() == kTpu, "Expected a 'tpu' device type for generator but found '",
+              gen.device().str(), "'");
+  uint64_t seed, offset;
+  {
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    std::tie(seed, offset) = gen.get<TpuGenerator>()->next(static_cast<uint64_t>(counters));
+  }
+  HostOperand h{};
+  h.elem = ElemType::U64;
+  h.dim0 = 2;
+  std::memcpy(h.bytes, &seed, 8);
+  std::memcpy(h.bytes + 8, &offset, 8);
+  return h;
 }
 
 std::optional<int64_t> small_int_scalar(const c10::Scalar& sc) {

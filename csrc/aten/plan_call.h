@@ -24,11 +24,13 @@ struct NamedArg {
 };
 
 // Where a slot's storage or a host operand's value came from in a boxed call: argument `arg`
-// (element `elem` of a list argument), or output `arg` when `out`; arg -1: neither (RNG state).
+// (element `elem` of a list argument), or output `arg` when `out`. `rng`: the generator state,
+// drawn per call from the Generator argument `arg` (-1: the device's default generator).
 struct CallSource {
   int16_t arg = -1;
   int16_t elem = -1;
   bool out = false;
+  bool rng = false;
 };
 
 // What run_lowering planned and launched, for the dispatch cache (aten/dispatch_cache.h).
@@ -37,7 +39,9 @@ struct PlannedCall {
   runtime::ProgramPtr program;  // strict eager: the program launched
   std::vector<CallSource> slot_src, host_src;
   int device = 0;
-  bool cacheable = true;  // false: a host operand is not an argument's value (RNG state)
+  int64_t rng_counters = 0;  // Philox counters drawn per call (the signature fixes the count)
+  int rng_device = 0;        // whose default generator a call without a Generator draws from
+  bool cacheable = true;     // false: the plan depends on more than the call's signature
 };
 
 // Runs lowering `name` writing its results into `outs` (tpu tensors, any views). `common` is
@@ -51,6 +55,10 @@ void run_lowering(const std::string& name, const std::string& overload,
 // Launches (or records, in fused eager) a bound plan; device-check failures of debug eager
 // become PyTorch's exception types.
 void execute_call(const runtime::Call& call, runtime::ProgramPtr* program, const runtime::MissReason& why);
+
+// The generator state operand (u64[2] = seed, offset) of a random op: `counters` Philox
+// counters drawn from `gen` (a tpu generator), or from device `device`'s default generator.
+runtime::HostOperand draw_rng_state(const std::optional<at::Generator>& gen, int device, int64_t counters);
 
 // A Python scalar the plan bakes in as a constant (ArgPlan::scalar_const): -1, 0, 1 or 2.
 std::optional<int64_t> small_int_scalar(const c10::Scalar& sc);

@@ -158,7 +158,8 @@ double dropout_of(const OpCall& c) {
 
 // -> (output, logsumexp, cum_seq_q, cum_seq_k, philox_seed, philox_offset, debug_attn_mask);
 // the SymInt returns max_q/max_k come from the meta function.
-TPU_LOWER_WITH(_scaled_dot_product_fused_attention_overrideable, .random = true) {
+TPU_LOWER_WITH(_scaled_dot_product_fused_attention_overrideable, .random = true,
+               .draws_nothing_when = {{"dropout_p", 0.0}}) {
   if (c.bool_("return_debug_mask")) throw Unsupported("return_debug_mask");
   Value q = c.tensor("query"), k = c.tensor("key"), v = c.tensor("value");
   Dims d = dims_of(q, k, v);

@@ -28,11 +28,13 @@
 // routed elsewhere (0 * inf = NaN). float16/bfloat16 accumulate in float32 like mm; the
 // runtime converts back.
 #include <algorithm>
+#include <atomic>
 #include <cstdlib>
 #include <functional>
 #include <string>
 #include <vector>
 
+#include "host_kernels.h"
 #include "lowering.h"
 
 namespace tpu::lowering {
@@ -336,6 +338,46 @@ std::string grouped_mm_path() {
   return p;
 }
 
+// ---- host kernels (lowering/host_kernels.h): on the CPU plugin, one typed FFI custom call whose
+// handler runs ATen's CPU GEMM per group on the program's own buffers. Operands in their own
+// element type, result in the output's (the GEMM accumulates in float32 for bf16/f16).
+
+std::atomic<bool> host_available{false}, host_enabled{true};
+
+// Whether this call takes the host kernel: the boxed kernels pass the switch as the hint
+// "host_kernel" (part of the plan key); compiled graphs, which have no hint, read it now.
+// TORCH_TPU_GROUPED_MM=<strategy> forces an XLA strategy instead.
+bool use_host_kernel(const OpCall& c, ElemType in, ElemType out) {
+  if (!host_kernels_enabled() || in != out) return false;
+  if (in != ElemType::F32 && in != ElemType::BF16 && in != ElemType::F16) return false;
+  const std::string p = grouped_mm_path();
+  if (!p.empty() && p != "host") return false;
+  return c.has("host_kernel") ? c.bool_("host_kernel") : true;
+}
+
+Value host_call(Builder& b, const char* target, const std::vector<Value>& operands, const Type& out,
+                const std::string& config) {
+  std::string attrs = std::string("call_target_name = \"") + target + "\", api_version = 4 : i32";
+  if (!config.empty()) attrs += ", backend_config = {" + config + "}";
+  return b.op("custom_call", operands, out, attrs);
+}
+
+// [M,K] x [G,K,N] (offs over rows, any integer type) on the host kernel.
+Value rows_host(Builder& b, Value a, Value w, Value offs, ElemType t, bool w_col_major) {
+  const int64_t m = a.shape()[0], n = w.shape()[2];
+  // A column-major w is passed as the [G,N,K] array it is stored as (the view's transpose and
+  // this one fold away); the handler multiplies through a transposed view.
+  Value wa = w_col_major ? b.transpose(w, {0, 2, 1}) : w;
+  return host_call(b, kRaggedDotTarget, {a, wa, b.convert(offs, I64)}, Type{t, {m, n}},
+                   std::string("rhs_col_major = ") + (w_col_major ? "1" : "0") + " : i32");
+}
+
+// [S,Kh] x [S,N] (offs over S) -> [G,Kh,N] on the host kernel.
+Value k_host(Builder& b, Value lhs_rows, Value w, Value offs, ElemType t) {
+  const int64_t g = offs.shape()[0], kh = lhs_rows.shape()[1], n = w.shape()[1];
+  return host_call(b, kRaggedDotWgradTarget, {lhs_rows, w, b.convert(offs, I64)}, Type{t, {g, kh, n}}, "");
+}
+
 // The strategy for [M,K] x [G,K,N] with offs over rows, by shape.
 Value rows_dispatch(Builder& b, Value a, Value w, Value offs, ElemType t, bool w_col_major) {
   const int64_t m = a.shape()[0], n = w.shape()[2], g = offs.shape()[0];
@@ -350,6 +392,11 @@ Value rows_dispatch(Builder& b, Value a, Value w, Value offs, ElemType t, bool w
 }
 
 }  // namespace
+
+void set_host_kernels_available(bool available) { host_available = available; }
+bool host_kernels_available() { return host_available; }
+void set_host_kernels_enabled(bool enabled) { host_enabled = enabled; }
+bool host_kernels_enabled() { return host_available && host_enabled; }
 
 TPU_LOWER(_grouped_mm) {
   const Type& o = out_type(c);
@@ -366,7 +413,7 @@ TPU_LOWER(_grouped_mm) {
   const int64_t g = offs.shape()[0];
 
   if (ra == 2 && rw == 3) {  // [M,K] x [G,K,N]: offs over rows
-    const int64_t m = a.shape()[0], n = w.shape()[2];
+    if (use_host_kernel(c, a.elem(), o.elem)) return {rows_host(b, a, w, offs, o.elem, c.bool_("mat2_col_major"))};
     return {rows_dispatch(b, a, w, offs, t, c.bool_("mat2_col_major"))};
   }
   if (ra == 3 && rw == 2) {  // [G,M,K] x [K,N]: offs over columns
@@ -376,6 +423,7 @@ TPU_LOWER(_grouped_mm) {
     return {select_group(b, all, mask, 0)};
   }
   if (ra == 2 && rw == 2) {  // [M,K] x [K,N]: offs over K -> [G,M,N]
+    if (use_host_kernel(c, a.elem(), o.elem)) return {k_host(b, b.transpose(a, {1, 0}), w, offs, o.elem)};
     if (grouped_mm_path() != "dense" && grouped_mm_path() != "tiled") return {k_windowed(b, a, w, offs, t)};
     const int64_t m = a.shape()[0], k = a.shape()[1], n = w.shape()[1];
     Value gid = group_ids(b, offs, k);
@@ -407,6 +455,8 @@ TPU_LOWER(ragged_dot) {
   const Type& o = out_type(c);
   if (o.numel() == 0) return {b.zeros(o)};
   Value offs = group_ends(b, c.tensor("group_sizes"));
+  if (use_host_kernel(c, c.tensor("lhs").elem(), o.elem))
+    return {rows_host(b, c.tensor("lhs"), c.tensor("rhs"), offs, o.elem, c.bool_("rhs_col_major"))};
   return {rows_dispatch(b, c.tensor("lhs"), c.tensor("rhs"), offs, opmath(o.elem), c.bool_("rhs_col_major"))};
 }
 
@@ -414,6 +464,8 @@ TPU_LOWER(ragged_dot_weight_grad) {
   const Type& o = out_type(c);
   if (o.numel() == 0) return {b.zeros(o)};
   Value offs = group_ends(b, c.tensor("group_sizes"));
+  if (use_host_kernel(c, c.tensor("lhs").elem(), o.elem))
+    return {k_host(b, c.tensor("lhs"), c.tensor("grad"), offs, o.elem)};
   return {k_windowed(b, b.transpose(c.tensor("lhs"), {1, 0}), c.tensor("grad"), offs, opmath(o.elem))};
 }
 

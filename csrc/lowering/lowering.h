@@ -6,6 +6,7 @@
 // (OpCall::outs); a lowering only builds the math.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -85,6 +86,14 @@ struct WriteRule {
   const char* when;
 };
 
+// "A call draws no random numbers when argument `arg` has the constant value `value`", as
+// PyTorch's CPU kernel then leaves the generator alone (attention with dropout_p == 0,
+// native_dropout with train == False).
+struct NoDrawRule {
+  const char* arg;
+  double value;
+};
+
 // One lowering and the properties of its op that the generic dispatch path honours (declared
 // here, next to the lowering, instead of name checks in the kernel).
 struct OpEntry {
@@ -95,7 +104,9 @@ struct OpEntry {
   // Consumes random numbers: the runtime passes the device generator's Philox state as the
   // Tensor argument "generator" (u64[2] = seed, offset) even when the schema has none, and
   // advances it by one 128-bit block per element of the largest output or tensor input.
+  // Which calls draw nothing: see rng_counters().
   bool random = false;
+  std::vector<NoDrawRule> draws_nothing_when;
   // A view or copy op that eager handles as metadata (or through a composite); lowered only
   // for whole-graph programs (torch.compile), where every value is a logical array.
   bool graph_only = false;
@@ -131,6 +142,15 @@ std::vector<std::string> registered_ops();
 // their inputs back once (a counted host sync, not a fallback) and compute on the host.
 void register_host_sync_op(const std::string& name);
 bool is_host_sync_op(const std::string& name);
+
+// "Which ops draw random numbers, how many": the one rule eager planning (aten/plan_call.cc)
+// and compiled graphs (torch_tpu._C._rng_counters, asked by _internal/compile.py) both follow.
+// Philox counters a call of `entry` consumes: 0 when it draws nothing (not random, or a
+// NoDrawRule holds), else one 128-bit block per element of its largest output or tensor input
+// (`largest_numel`), plus one. `constant(name)` is the value of a constant numeric or bool
+// argument (nullopt when absent, None or computed).
+using ConstantArg = std::function<std::optional<double>(const std::string& name)>;
+int64_t rng_counters(const OpEntry& entry, const ConstantArg& constant, int64_t largest_numel);
 
 struct Registrar {
   Registrar(const char* name, LowerFn fn, OpEntry entry) {

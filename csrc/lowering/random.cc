@@ -239,7 +239,8 @@ TPU_LOWER_WITH(multinomial, .random = true, .checked = true) {
   return {b.convert(b.reshape(idx, o.shape), o.elem)};
 }
 
-TPU_LOWER_RANDOM(native_dropout) {
+// Eval mode (train=False) draws nothing, as on the CPU; p == 0 in training still draws.
+TPU_LOWER_WITH(native_dropout, .elementwise = true, .random = true, .draws_nothing_when = {{"train", 0.0}}) {
   const Type& o = out_type(c, 0);
   Value x = c.tensor("input");
   ElemType t = opmath(o.elem);

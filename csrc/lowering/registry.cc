@@ -35,6 +35,15 @@ std::unordered_set<std::string>& host_sync_ops() {
 void register_host_sync_op(const std::string& name) { host_sync_ops().insert(name); }
 bool is_host_sync_op(const std::string& name) { return host_sync_ops().count(name) != 0; }
 
+int64_t rng_counters(const OpEntry& entry, const ConstantArg& constant, int64_t largest_numel) {
+  if (!entry.random) return 0;
+  for (const NoDrawRule& rule : entry.draws_nothing_when) {
+    std::optional<double> v = constant(rule.arg);
+    if (v && *v == rule.value) return 0;
+  }
+  return std::max<int64_t>(largest_numel, 1) + 1;
+}
+
 std::vector<std::string> registered_ops() {
   std::vector<std::string> names;
   for (const auto& [k, v] : table()) names.push_back(k);

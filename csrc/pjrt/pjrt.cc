@@ -81,6 +81,12 @@ std::string Api::version_string() const {
          std::to_string(api_->pjrt_api_version.minor_version);
 }
 
+const PJRT_Extension_Base* Api::extension(PJRT_Extension_Type type) const {
+  for (const PJRT_Extension_Base* e = api_->extension_start; e; e = e->next)
+    if (e->type == type) return e;
+  return nullptr;
+}
+
 // ---------------------------------------------------------------- Event
 Event::~Event() {
   auto a = PJRT_ARGS(PJRT_Event_Destroy_Args);

@@ -32,6 +32,8 @@ class Api {
   void check(PJRT_Error* err, std::string_view what) const;
   std::string version_string() const;
   const std::string& path() const { return path_; }
+  // The plugin's extension of `type` (walking extension_start), or null when it offers none.
+  const PJRT_Extension_Base* extension(PJRT_Extension_Type type) const;
 
  private:
   const PJRT_Api* api_ = nullptr;

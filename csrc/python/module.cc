@@ -13,6 +13,7 @@
 #include "aten/common.h"
 #include "aten/plan_call.h"
 #include "aten/cpu_fallback.h"
+#include "aten/dispatch_cache.h"
 #include "aten/generator.h"
 #include "aten/graph.h"
 #include "aten/hooks.h"
@@ -341,6 +342,21 @@ PYBIND11_MODULE(_C, m) {
   m.def("_graph_text", [](const py::dict& d) { return tpu::aten::graph_text(graph_desc(d)); });
   m.def("_graph_unsupported", [](const py::dict& d) { return tpu::aten::unsupported_ops(graph_desc(d)); });
   m.def("_lowered_ops", [] { return tpu::lowering::registered_ops(); });
+  m.def("_dispatch_cache_stats", [] {
+    auto s = tpu::aten::dispatch_cache_stats();
+    return std::unordered_map<std::string, int64_t>{{"hits", s.hits}, {"remembered", s.remembered}, {"entries", s.entries}};
+  });
+  // Philox counters a compiled call consumes, by the rule eager follows (lowering::rng_counters);
+  // None when the op has no lowering.
+  m.def("_rng_counters", [](const std::string& op, const std::unordered_map<std::string, double>& constants,
+                            int64_t largest_numel) -> std::optional<int64_t> {
+    const tpu::lowering::OpEntry* entry = tpu::lowering::find_op(op);
+    if (!entry) return std::nullopt;
+    return tpu::lowering::rng_counters(*entry, [&](const std::string& name) -> std::optional<double> {
+      auto it = constants.find(name);
+      return it == constants.end() ? std::nullopt : std::optional<double>(it->second);
+    }, largest_numel);
+  });
   m.def("_mem_get_info", [](int device) {
     return tpu::aten::TpuAllocator::get().getMemoryInfo(static_cast<c10::DeviceIndex>(device));
   });

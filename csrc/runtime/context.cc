@@ -1,4 +1,5 @@
 #include "context.h"
+#include "ffi_kernels.h"
 
 #include <pthread.h>
 #include <unistd.h>
@@ -129,6 +130,7 @@ pjrt::Client& Context::client() {
     auto api = pjrt::Api::load(plugin_path_);
     try {
       client_ = std::make_unique<pjrt::Client>(api, num_devices_);
+      register_host_kernels(*client_);  // FFI custom calls on the CPU plugin; never throws
     } catch (const pjrt::Error& e) {
       throw pjrt::Error("torch_tpu: the PJRT plugin '" + plugin_path_ + "' could not create a client: " +
                             e.what(), e.code());

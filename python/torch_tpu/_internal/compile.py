@@ -72,19 +72,26 @@ def _is_number_type(arg: torch._C.Argument) -> bool:
 _NUMBERS = (int, float, bool, torch.SymInt, torch.SymFloat, torch.SymBool)
 
 
+def _rng_counters(op: torch._ops.OpOverload, args: Sequence[Any], kwargs: dict[str, Any],
+                  largest_numel: int = 1) -> int | None:
+    """Philox counters a call consumes, by the one rule eager follows (lowering::rng_counters in
+    C++: 0 when it draws nothing, e.g. attention with dropout_p == 0); None without a lowering."""
+    constants = {a.name: float(v) for a, v in _bind(op, args, kwargs) if isinstance(v, (int, float, bool))}
+    base = op._schema.name.partition("::")[2]
+    if base.endswith("_") and not base.startswith("__"):
+        base = base[:-1]  # in-place and functional variants share one lowering
+    return _C._rng_counters(base, constants, largest_numel)
+
+
 def _draws_random(op: torch._ops.OpOverload, args: Sequence[Any], kwargs: dict[str, Any]) -> bool:
-    """Whether a call of an op tagged random consumes random numbers: attention with dropout_p == 0
-    is deterministic (its lowering reads no generator state)."""
-    bound = {a.name: v for a, v in _bind(op, args, kwargs)}
-    if op._schema.name.startswith("aten::_scaled_dot_product_") and "dropout_p" in bound:
-        p = bound["dropout_p"]
-        return not (isinstance(p, (int, float)) and float(p) == 0.0)
-    return True
+    """Whether a call of an op tagged random consumes random numbers (ops without a lowering:
+    as their tag says)."""
+    counters = _rng_counters(op, args, kwargs)
+    return counters is None or counters > 0
 
 
-def _rng_increment(n: torch.fx.Node) -> int:
-    """Philox counters a random op consumes, as eager counts them (csrc/aten/plan_call.cc): the
-    largest element count of its outputs and tensor inputs, plus one."""
+def _largest_numel(n: torch.fx.Node) -> int:
+    """The largest element count among a node's outputs and tensor inputs."""
     numel = 1
     vals: list[Any] = [n.meta.get("val")]
     vals += [a.meta.get("val") for a in n.all_input_nodes]
@@ -94,7 +101,7 @@ def _rng_increment(n: torch.fx.Node) -> int:
             vals.extend(v)
         elif isinstance(v, torch.Tensor):
             numel = max(numel, int(v.numel()))
-    return numel + 1
+    return numel
 
 
 def _bind(op: torch._ops.OpOverload, args: Sequence[Any], kwargs: dict[str, Any]) -> list[tuple[torch._C.Argument, Any]]:
@@ -231,11 +238,13 @@ class _Describer:
         # run_graph fills at each run, advancing the generator by what eager would consume.
         rng = []
         for n in self.gm.graph.nodes:
-            if n.op == "call_function" and isinstance(n.target, torch._ops.OpOverload) and \
-                    torch.Tag.nondeterministic_seeded in n.target.tags and _draws_random(n.target, n.args, n.kwargs):
+            if n.op != "call_function" or not isinstance(n.target, torch._ops.OpOverload):
+                continue
+            counters = _rng_counters(n.target, n.args, n.kwargs, _largest_numel(n))
+            if counters:
                 self.rng[n] = self.new_id()
                 inputs.append(TensorType(_dtype(torch.uint64), [2]))
-                rng.append((self.rng[n], _rng_increment(n)))
+                rng.append((self.rng[n], counters))
         for n in self.gm.graph.nodes:
             if n.op != "call_function":
                 continue

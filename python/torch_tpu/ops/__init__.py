@@ -7,8 +7,9 @@ gradient, [G, K, N] = per group lhs[rows].T @ grad[rows]. Both are lowered (csrc
 grouped_mm.cc, the paths `aten::_grouped_mm` uses too): no host sync, float32/bfloat16/float16,
 differentiable, usable in eager (strict or fused) and inside torch.compile graphs. A Pallas
 implementation (`impl="pallas"`, via torch.tpu.pallas.jax_op) is shipped for TPUs, where
-Mosaic runs it; by default the faster path for the platform is taken (the XLA one off TPU,
-where Pallas can only be interpreted).
+Mosaic runs it; by default the faster path for the platform is taken: Pallas on a TPU; on the CPU
+PJRT plugin a host kernel, an XLA FFI custom call into ATen's CPU GEMM inside the same program
+(`host_kernels()` reports or switches it; csrc/runtime/ffi_kernels.cc); elsewhere the XLA path.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["ragged_dot", "ragged_dot_weight_grad"]
+__all__ = ["host_kernels", "ragged_dot", "ragged_dot_weight_grad"]
 
 _DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
@@ -150,3 +151,14 @@ def ragged_dot_weight_grad(lhs: torch.Tensor, grad: torch.Tensor, group_sizes: t
     """[M, K], [M, N] -> [G, K, N]: per group, lhs[rows_g].T @ grad[rows_g] (zero for empty groups)."""
     _check("ragged_dot_weight_grad", lhs, grad, group_sizes, 2)
     return torch.ops.torch_tpu.ragged_dot_weight_grad(lhs, grad, group_sizes)
+
+
+def host_kernels(enabled: bool | None = None) -> str:
+    """The host kernels of the CPU PJRT plugin (ragged_dot, its weight gradient and the grouped
+    forms of `_grouped_mm` as XLA FFI custom calls into ATen's CPU GEMM): returns "on", "off" or
+    "unavailable: <why>" (another platform, built without jaxlib's XLA FFI headers, the plugin
+    refused them, or TORCH_TPU_HOST_KERNELS=0). `enabled` switches them for the ops that follow
+    (compiled graphs read the switch when they compile); the XLA path is used while off."""
+    if enabled is not None and not isinstance(enabled, bool):
+        raise TypeError(f"host_kernels: enabled must be a bool or None, got {type(enabled).__name__}")
+    return str(torch.ops.torch_tpu._host_kernels(-1 if enabled is None else int(enabled)))

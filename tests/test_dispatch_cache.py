@@ -1,0 +1,81 @@
+"""The dispatch cache (csrc/aten/dispatch_cache.h) serves ops with tensor-list arguments and random
+ops too: each cached call binds its own list elements, scalar lists and generator state."""
+
+from __future__ import annotations
+
+import torch
+import torch_tpu
+from torch_tpu import EagerMode, set_eager_mode
+
+
+def _served() -> int:
+    return int(torch_tpu._C._dispatch_cache_stats()["hits"])
+
+
+def _offset(gen: torch.Generator | None = None) -> int:
+    state = gen.get_state() if gen is not None else torch.tpu.get_rng_state()
+    return int(state[8:].view(torch.int64).item())
+
+
+def test_tensor_list_ops_take_the_cache_and_bind_each_calls_elements() -> None:
+    for mode in (EagerMode.DEFER_NEVER, EagerMode.DEFER_AND_FUSE):
+        with set_eager_mode(mode):
+            before = _served()
+            for k in range(3):  # fresh storages per iteration, same signature
+                ac, bc = torch.arange(4.0) + k, torch.full((3,), -float(k))
+                a, b = ac.to("tpu"), bc.to("tpu")
+                assert torch.equal(torch.cat([a, b]).cpu(), torch.cat([ac, bc]))
+                assert torch.equal(torch.cat([a, a]).cpu(), torch.cat([ac, ac]))  # one storage twice
+                assert torch.equal(torch.stack([a, a * 2]).cpu(), torch.stack([ac, ac * 2]))
+                idx_c = torch.tensor([3, 0, k])
+                assert torch.equal(a[idx_c.to("tpu")].cpu(), ac[idx_c])  # index: Tensor?[]
+                m = torch.zeros(3, 4, device="tpu")
+                assert torch.equal(m[:, idx_c.to("tpu")].cpu(), torch.zeros(3, 4)[:, idx_c])  # [None, idx]
+                xs_c = [torch.arange(3.0) * (i + 1) for i in range(8)]
+                xs = [x.to("tpu") for x in xs_c]
+                torch._foreach_add_(xs, [x.to("tpu") for x in xs_c])
+                torch._foreach_add_(xs_c, xs_c)
+                scalars = [0.5 * (i + k) for i in range(8)]  # ScalarList: runtime operands
+                torch._foreach_mul_(xs, scalars)
+                torch._foreach_mul_(xs_c, scalars)
+                for x, xc in zip(xs, xs_c, strict=True):
+                    assert torch.equal(x.cpu(), xc)
+                outs = torch._foreach_add(xs, 1.5)  # one list of fresh tensors
+                for o, xc in zip(outs, xs_c, strict=True):
+                    assert torch.equal(o.cpu(), xc + 1.5)
+            assert _served() - before >= 2 * 9  # the 2nd and 3rd iterations: every op above
+    # A bool mask still takes the host path (its integer indices depend on the data).
+    xc = torch.arange(5.0)
+    for _ in range(2):
+        assert torch.equal(xc.to("tpu")[(xc > 1).to("tpu")].cpu(), xc[xc > 1])
+
+
+def test_random_ops_take_the_cache_and_draw_per_call() -> None:
+    x = torch.ones(1000, device="tpu")
+    torch.nn.functional.dropout(x, 0.5, True)  # fills the cache
+    before, start = _served(), _offset()
+    masks = [torch.nn.functional.dropout(x, 0.5, True).cpu() for _ in range(3)]
+    assert _served() - before == 3
+    per_call = (_offset() - start) // 3
+    assert per_call > 0 and _offset() - start == 3 * per_call  # the full path's count, every call
+    assert not torch.equal(masks[0], masks[1]) and not torch.equal(masks[1], masks[2])
+    torch.tpu.manual_seed(5)
+    first = [torch.nn.functional.dropout(x, 0.5, True).cpu(), torch.rand(7, device="tpu").cpu()]
+    torch.tpu.manual_seed(5)
+    again = [torch.nn.functional.dropout(x, 0.5, True).cpu(), torch.rand(7, device="tpu").cpu()]
+    assert all(torch.equal(a, b) for a, b in zip(first, again, strict=True))
+    # An explicit generator is drawn from, not the device's, on the cached path too.
+    g = torch.Generator(device="tpu").manual_seed(3)
+    y = torch.zeros(16, device="tpu")  # (a written storage: one signature from the start)
+    y.normal_(generator=g)
+    before, start, g_start = _served(), _offset(), _offset(g)
+    a = y.normal_(generator=g).cpu()
+    assert _served() - before == 1 and _offset() == start and _offset(g) > g_start
+    g.manual_seed(3)
+    y.normal_(generator=g)
+    assert torch.equal(y.normal_(generator=g).cpu(), a)
+    # Eval-mode dropout draws nothing (a cached call either).
+    for _ in range(2):
+        start = _offset()
+        assert torch.equal(torch.native_dropout(x, 0.5, False)[0].cpu(), torch.ones(1000))
+        assert _offset() == start
