@@ -35,6 +35,7 @@
 
 #include <algorithm>
 #include <string>
+#include <vector>
 
 #include "lowering/host_kernels.h"
 #include "runtime/ffi_kernels.h"
@@ -58,20 +59,38 @@ at::Tensor wrap(const ffi::AnyBuffer& b) {
                        at::TensorOptions().dtype(scalar_type(b.element_type())));
 }
 
-// [M,K] x [G,K,N] -> [M,N]: group g owns rows [ends[g-1], ends[g]) (clamped, sorted); rows past the
-// last group are zero. rhs arrives as [G,N,K] when `rhs_col_major` (nn.Linear-layout experts),
-// multiplied through a transposed view (the GEMM's transpose flag, no copy).
-ffi::Error ragged_dot(ffi::AnyBuffer lhs, ffi::AnyBuffer rhs, ffi::Buffer<ffi::S64> ends,
-                      ffi::Result<ffi::AnyBuffer> out, int32_t rhs_col_major) {
+// Each group's end row, from the int32/int64 `groups` operand as the op passed it (no conversion
+// in the program): cumulative ends (`_grouped_mm`'s offs) or, when `sizes`, group sizes (ragged_dot;
+// a negative size counts as 0, as in the CPU kernel). Ends are clamped to [previous end, m].
+std::vector<int64_t> group_ends(const ffi::AnyBuffer& groups, bool sizes, int64_t m) {
+  const ffi::DataType t = groups.element_type();
+  TORCH_CHECK(t == ffi::DataType::S32 || t == ffi::DataType::S64, "group operand must be int32/int64");
+  const auto* p32 = static_cast<const int32_t*>(groups.untyped_data());
+  const auto* p64 = static_cast<const int64_t*>(groups.untyped_data());
+  std::vector<int64_t> ends(groups.element_count());
+  int64_t prev = 0;
+  for (size_t i = 0; i < ends.size(); ++i) {
+    const int64_t v = t == ffi::DataType::S32 ? p32[i] : p64[i];
+    prev = std::min(std::max(sizes ? prev + std::max<int64_t>(v, 0) : v, prev), m);
+    ends[i] = prev;
+  }
+  return ends;
+}
+
+// [M,K] x [G,K,N] -> [M,N]: group g owns rows [ends[g-1], ends[g]); rows past the last group are
+// zero. rhs arrives as [G,N,K] when `rhs_col_major` (nn.Linear-layout experts), multiplied through a
+// transposed view (the GEMM's transpose flag, no copy).
+ffi::Error ragged_dot(ffi::AnyBuffer lhs, ffi::AnyBuffer rhs, ffi::AnyBuffer groups,
+                      ffi::Result<ffi::AnyBuffer> out, int32_t group_sizes, int32_t rhs_col_major) {
   try {
     at::Tensor a = wrap(lhs), w = wrap(rhs), y = wrap(*out);
     TORCH_CHECK(a.dim() == 2 && w.dim() == 3 && y.dim() == 2, "bad operand ranks");
     const int64_t m = a.size(0), g = w.size(0);
-    TORCH_CHECK(static_cast<int64_t>(ends.element_count()) == g, "group count mismatch");
-    const int64_t* e = ends.typed_data();
+    TORCH_CHECK(static_cast<int64_t>(groups.element_count()) == g, "group count mismatch");
+    const std::vector<int64_t> e = group_ends(groups, group_sizes != 0, m);
     int64_t start = 0;
     for (int64_t i = 0; i < g; ++i) {
-      const int64_t end = std::min(std::max(e[i], start), m);
+      const int64_t end = e[i];
       if (end > start) {
         at::Tensor wi = w.select(0, i);
         at::Tensor yi = y.narrow(0, start, end - start);
@@ -87,17 +106,17 @@ ffi::Error ragged_dot(ffi::AnyBuffer lhs, ffi::AnyBuffer rhs, ffi::Buffer<ffi::S
 }
 
 // [M,K], [M,N] -> [G,K,N]: out[g] = lhs[rows_g]^T grad[rows_g], zero for empty groups.
-ffi::Error ragged_dot_wgrad(ffi::AnyBuffer lhs, ffi::AnyBuffer grad, ffi::Buffer<ffi::S64> ends,
-                            ffi::Result<ffi::AnyBuffer> out) {
+ffi::Error ragged_dot_wgrad(ffi::AnyBuffer lhs, ffi::AnyBuffer grad, ffi::AnyBuffer groups,
+                            ffi::Result<ffi::AnyBuffer> out, int32_t group_sizes) {
   try {
     at::Tensor a = wrap(lhs), d = wrap(grad), y = wrap(*out);
     TORCH_CHECK(a.dim() == 2 && d.dim() == 2 && y.dim() == 3, "bad operand ranks");
     const int64_t m = a.size(0), g = y.size(0);
-    TORCH_CHECK(static_cast<int64_t>(ends.element_count()) == g, "group count mismatch");
-    const int64_t* e = ends.typed_data();
+    TORCH_CHECK(static_cast<int64_t>(groups.element_count()) == g, "group count mismatch");
+    const std::vector<int64_t> e = group_ends(groups, group_sizes != 0, m);
     int64_t start = 0;
     for (int64_t i = 0; i < g; ++i) {
-      const int64_t end = std::min(std::max(e[i], start), m);
+      const int64_t end = e[i];
       at::Tensor yi = y.select(0, i);
       if (end > start) {
         at::cpu::mm_out(yi, a.narrow(0, start, end - start).t(), d.narrow(0, start, end - start));
@@ -118,16 +137,18 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(torch_tpu_ragged_dot_handler, ragged_dot,
                               ffi::Ffi::Bind()
                                   .Arg<ffi::AnyBuffer>()
                                   .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::Buffer<ffi::S64>>()
+                                  .Arg<ffi::AnyBuffer>()
                                   .Ret<ffi::AnyBuffer>()
+                                  .Attr<int32_t>("group_sizes")
                                   .Attr<int32_t>("rhs_col_major"));
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(torch_tpu_ragged_dot_wgrad_handler, ragged_dot_wgrad,
                               ffi::Ffi::Bind()
                                   .Arg<ffi::AnyBuffer>()
                                   .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::Buffer<ffi::S64>>()
-                                  .Ret<ffi::AnyBuffer>());
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Attr<int32_t>("group_sizes"));
 
 namespace {
 // Offered to the runtime at load time; it registers them when the client starts.

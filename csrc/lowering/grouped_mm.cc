@@ -370,20 +370,25 @@ Value host_call(Builder& b, const char* target, const std::vector<Value>& operan
   return b.op("custom_call", operands, out, attrs);
 }
 
-// [M,K] x [G,K,N] (offs over rows, any integer type) on the host kernel.
-Value rows_host(Builder& b, Value a, Value w, Value offs, ElemType t, bool w_col_major) {
+// `groups` goes to the handler as the op passed it (int32/int64): cumulative ends (offs) or, when
+// `sizes`, group sizes (ragged_dot) - no conversion or prefix sum in the program, so the program is
+// the custom call alone.
+std::string groups_attr(bool sizes) { return std::string("group_sizes = ") + (sizes ? "1" : "0") + " : i32"; }
+
+// [M,K] x [G,K,N] (groups over rows) on the host kernel.
+Value rows_host(Builder& b, Value a, Value w, Value groups, bool sizes, ElemType t, bool w_col_major) {
   const int64_t m = a.shape()[0], n = w.shape()[2];
   // A column-major w is passed as the [G,N,K] array it is stored as (the view's transpose and
   // this one fold away); the handler multiplies through a transposed view.
   Value wa = w_col_major ? b.transpose(w, {0, 2, 1}) : w;
-  return host_call(b, kRaggedDotTarget, {a, wa, b.convert(offs, I64)}, Type{t, {m, n}},
-                   std::string("rhs_col_major = ") + (w_col_major ? "1" : "0") + " : i32");
+  return host_call(b, kRaggedDotTarget, {a, wa, groups}, Type{t, {m, n}},
+                   groups_attr(sizes) + ", rhs_col_major = " + (w_col_major ? "1" : "0") + " : i32");
 }
 
-// [S,Kh] x [S,N] (offs over S) -> [G,Kh,N] on the host kernel.
-Value k_host(Builder& b, Value lhs_rows, Value w, Value offs, ElemType t) {
-  const int64_t g = offs.shape()[0], kh = lhs_rows.shape()[1], n = w.shape()[1];
-  return host_call(b, kRaggedDotWgradTarget, {lhs_rows, w, b.convert(offs, I64)}, Type{t, {g, kh, n}}, "");
+// [S,Kh] x [S,N] (groups over S) -> [G,Kh,N] on the host kernel.
+Value k_host(Builder& b, Value lhs_rows, Value w, Value groups, bool sizes, ElemType t) {
+  const int64_t g = groups.shape()[0], kh = lhs_rows.shape()[1], n = w.shape()[1];
+  return host_call(b, kRaggedDotWgradTarget, {lhs_rows, w, groups}, Type{t, {g, kh, n}}, groups_attr(sizes));
 }
 
 // The strategy for [M,K] x [G,K,N] with offs over rows, by shape.
@@ -424,7 +429,8 @@ TPU_LOWER(_grouped_mm) {
 
   if (ra == 2 && rw == 3) {  // [M,K] x [G,K,N]: offs over rows
     const int64_t macs = a.shape()[0] * a.shape()[1] * w.shape()[2];
-    if (use_host_kernel(c, a.elem(), o.elem, macs)) return {rows_host(b, a, w, offs, o.elem, c.bool_("mat2_col_major"))};
+    if (use_host_kernel(c, a.elem(), o.elem, macs))
+      return {rows_host(b, a, w, offs, false, o.elem, c.bool_("mat2_col_major"))};
     return {rows_dispatch(b, a, w, offs, t, c.bool_("mat2_col_major"))};
   }
   if (ra == 3 && rw == 2) {  // [G,M,K] x [K,N]: offs over columns
@@ -435,7 +441,7 @@ TPU_LOWER(_grouped_mm) {
   }
   if (ra == 2 && rw == 2) {  // [M,K] x [K,N]: offs over K -> [G,M,N]
     if (use_host_kernel(c, a.elem(), o.elem, a.shape()[0] * a.shape()[1] * w.shape()[1]))
-      return {k_host(b, b.transpose(a, {1, 0}), w, offs, o.elem)};
+      return {k_host(b, b.transpose(a, {1, 0}), w, offs, false, o.elem)};
     if (grouped_mm_path() != "dense" && grouped_mm_path() != "tiled") return {k_windowed(b, a, w, offs, t)};
     const int64_t m = a.shape()[0], k = a.shape()[1], n = w.shape()[1];
     Value gid = group_ids(b, offs, k);
@@ -466,21 +472,19 @@ Value group_ends(Builder& b, Value sizes) {
 TPU_LOWER(ragged_dot) {
   const Type& o = out_type(c);
   if (o.numel() == 0) return {b.zeros(o)};
-  Value offs = group_ends(b, c.tensor("group_sizes"));
-  const Value lhs = c.tensor("lhs");
+  const Value lhs = c.tensor("lhs"), rhs = c.tensor("rhs"), sizes = c.tensor("group_sizes");
   if (use_host_kernel(c, lhs.elem(), o.elem, lhs.shape()[0] * lhs.shape()[1] * o.shape[1]))
-    return {rows_host(b, c.tensor("lhs"), c.tensor("rhs"), offs, o.elem, c.bool_("rhs_col_major"))};
-  return {rows_dispatch(b, c.tensor("lhs"), c.tensor("rhs"), offs, opmath(o.elem), c.bool_("rhs_col_major"))};
+    return {rows_host(b, lhs, rhs, sizes, true, o.elem, c.bool_("rhs_col_major"))};
+  return {rows_dispatch(b, lhs, rhs, group_ends(b, sizes), opmath(o.elem), c.bool_("rhs_col_major"))};
 }
 
 TPU_LOWER(ragged_dot_weight_grad) {
   const Type& o = out_type(c);
   if (o.numel() == 0) return {b.zeros(o)};
-  Value offs = group_ends(b, c.tensor("group_sizes"));
-  const Value lhs = c.tensor("lhs");
+  const Value lhs = c.tensor("lhs"), grad = c.tensor("grad"), sizes = c.tensor("group_sizes");
   if (use_host_kernel(c, lhs.elem(), o.elem, lhs.shape()[0] * lhs.shape()[1] * o.shape[2]))
-    return {k_host(b, c.tensor("lhs"), c.tensor("grad"), offs, o.elem)};
-  return {k_windowed(b, b.transpose(c.tensor("lhs"), {1, 0}), c.tensor("grad"), offs, opmath(o.elem))};
+    return {k_host(b, lhs, grad, sizes, true, o.elem)};
+  return {k_windowed(b, b.transpose(lhs, {1, 0}), grad, group_ends(b, sizes), opmath(o.elem))};
 }
 
 }  // namespace tpu::lowering

@@ -34,9 +34,9 @@ void probe(const pjrt::Client& client) {
   shlo::Value w = b.arg(Type{ElemType::F32, {1, 2, 2}});
   shlo::Value e = b.arg(Type{ElemType::S64, {1}});
   const std::string fwd = std::string("call_target_name = \"") + lowering::kRaggedDotTarget +
-                          "\", api_version = 4 : i32, backend_config = {rhs_col_major = 0 : i32}";
+                          "\", api_version = 4 : i32, backend_config = {group_sizes = 0 : i32, rhs_col_major = 0 : i32}";
   const std::string bwd = std::string("call_target_name = \"") + lowering::kRaggedDotWgradTarget +
-                          "\", api_version = 4 : i32";
+                          "\", api_version = 4 : i32, backend_config = {group_sizes = 0 : i32}";
   shlo::Value y = b.op("custom_call", {a, w, e}, Type{ElemType::F32, {2, 2}}, fwd);
   shlo::Value g = b.op("custom_call", {a, a, e}, Type{ElemType::F32, {1, 2, 2}}, bwd);
   auto exe = client.compile(b.module({y, g}), pjrt::portable_compile_options());
