@@ -5,7 +5,7 @@
 // than oneDNN/MKL there (no XLA flag changes that; measured in benchmarks/bench_grouped_mm.py).
 // These handlers run inside the program, on the plugin's buffers, which are host memory: each
 // group is one at::mm into its rows of the output (ATen's CPU GEMM: MKL/oneDNN, AMX for bf16),
-// wrapped with from_blob (no copy). They read the group ends from a device buffer that is ready
+// wrapped with from_blob (no copy). They read the group sizes / offsets from a device buffer that is ready
 // when the call runs, so nothing syncs with the host and the op stays one node of whatever
 // program (strict, fused or compiled) contains it.
 //
