@@ -1,8 +1,11 @@
 """HF `generate` of 256 tokens with the default DynamicCache on a tiny random-weight Llama, all
 measured in this run: `model.forward = torch.compile(model.forward, backend="tpu")` (bounded
 dynamic shapes: one program per KV-length bucket), strict-eager tpu, fused-eager tpu and PyTorch
-CPU eager. Reports programs built by the first (cold) generation and by a second one (steady
-state), ms/token medians, and whether the greedy tokens equal CPU eager's."""
+CPU eager; each tpu variant also with `torch_tpu.mark_dynamic(input_ids, 1)` and
+`mark_dynamic(attention_mask, 1)` (eager bounded dynamism: generate's own eager ops, and in eager
+the whole model, run as one program per length bucket). Reports programs built by the first (cold)
+generation and by a second one (steady state), ms/token medians, and whether the greedy tokens
+equal CPU eager's. `--no-fused` leaves fused eager out, `--marked-only` the unmarked variants."""
 
 from __future__ import annotations
 
@@ -48,17 +51,23 @@ def _programs() -> int:
     return int(c.get("misses", 0) + c.get("disk_hits", 0))
 
 
-def run(fused: bool = True) -> dict[str, Any]:
-    """`fused=False` leaves fused eager out (its first generation compiles one program per
-    token: minutes on a loaded 2-core machine)."""
+def run(fused: bool = True, unmarked: bool = True) -> dict[str, Any]:
+    """`fused=False` leaves fused eager out (unmarked, its first generation compiles one program
+    per token: minutes on a loaded 2-core machine); `unmarked=False` runs only the marked tpu
+    variants."""
     warnings.simplefilter("ignore")
     base = build_model()
     ids = torch.randint(0, VOCAB, (1, PROMPT), generator=torch.Generator().manual_seed(1))
     ids_t = ids.to(TPU)
 
-    def gen(model: Any, x: torch.Tensor) -> Callable[[], torch.Tensor]:
+    def gen(model: Any, x: torch.Tensor, mark: bool = False) -> Callable[[], torch.Tensor]:
         def call() -> torch.Tensor:
-            out = model.generate(x, max_new_tokens=NEW, min_new_tokens=NEW, do_sample=False)
+            ids_, mask = x, torch.ones_like(x)
+            if mark:  # fresh tensors each generate, marked as a user would
+                ids_, mask = x.clone(), torch.ones_like(x)
+                torch_tpu.mark_dynamic(ids_, 1)
+                torch_tpu.mark_dynamic(mask, 1)
+            out = model.generate(ids_, attention_mask=mask, max_new_tokens=NEW, min_new_tokens=NEW, do_sample=False)
             if x.device.type == TPU:
                 sync()
             return out
@@ -70,18 +79,26 @@ def run(fused: bool = True) -> dict[str, Any]:
     m_comp = copy.deepcopy(base).to(TPU)
     m_comp.forward = torch.compile(m_comp.forward, backend="tpu")
 
-    def run_fused() -> torch.Tensor:
-        with torch_tpu.set_eager_mode(torch_tpu.EagerMode.DEFER_AND_FUSE):
-            return gen(m_fused, ids_t)()
+    def fused_mode(fn: Callable[[], torch.Tensor]) -> Callable[[], torch.Tensor]:
+        def call() -> torch.Tensor:
+            with torch_tpu.set_eager_mode(torch_tpu.EagerMode.DEFER_AND_FUSE):
+                return fn()
+        return call
 
     fns: dict[str, Callable[[], Any]] = {
         "tpu_compiled_dynamic": gen(m_comp, ids_t),
         "tpu_strict": gen(m_strict, ids_t),
-        "tpu_fused": run_fused,
+        "tpu_fused": fused_mode(gen(m_fused, ids_t)),
+        "tpu_compiled_dynamic_marked": gen(m_comp, ids_t, True),
+        "tpu_strict_marked": gen(m_strict, ids_t, True),
+        "tpu_fused_marked": fused_mode(gen(m_fused, ids_t, True)),
         "cpu_eager": one_thread(gen(m_cpu, ids)),
     }
     if not fused:
-        del fns["tpu_fused"]
+        del fns["tpu_fused"], fns["tpu_fused_marked"]
+    if not unmarked:
+        for k in ("tpu_compiled_dynamic", "tpu_strict", "tpu_fused"):
+            fns.pop(k, None)
     ref = fns["cpu_eager"]()
     cold: dict[str, dict[str, Any]] = {}
     for name, fn in fns.items():
@@ -102,25 +119,22 @@ def run(fused: bool = True) -> dict[str, Any]:
     times = interleaved(fns, REPEATS)
     ms = {k: 1000 * median(v) / NEW for k, v in times.items()}
     bound = math.ceil(math.log2(PROMPT + NEW)) + 2
-    c = cold["tpu_compiled_dynamic"]
-    ratios = [
-        ratio("compiled dynamic-cache generate vs tpu strict (speedup)", ms["tpu_strict"] / ms["tpu_compiled_dynamic"],
-              None, True),
-        ratio("compiled dynamic-cache generate vs CPU eager (speedup)", ms["cpu_eager"] / ms["tpu_compiled_dynamic"],
-              None, True),
-        ratio("compiled graph programs per 256-token generate (vs bound)", c["graph_programs_first"] / bound, 1.0,
-              False),
-    ]
-    fused_txt = (f"fused {cold['tpu_fused']['programs_first']} (second generate "
-                 f"{cold['tpu_fused']['programs_second']})" if fused else "fused not run")
-    summary = (f"{NAME}: ms/token compiled {ms['tpu_compiled_dynamic']:.2f}, strict {ms['tpu_strict']:.2f}, "
-               + (f"fused {ms['tpu_fused']:.2f}, " if fused else "") + f"CPU eager {ms['cpu_eager']:.2f}; compiled: "
-               f"{c['graph_programs_first']} graph programs (bound {bound}), {c['programs_first']} XLA programs in "
-               f"all (with generate's own eager ops), {c['graph_programs_second']} graph / {c['programs_second']} XLA "
-               f"programs in a second generate; XLA programs: "
-               f"strict {cold['tpu_strict']['programs_first']} (second generate "
-               f"{cold['tpu_strict']['programs_second']}), {fused_txt}; tokens equal CPU: "
-               f"{all(v['tokens_equal_cpu'] for v in cold.values())}; " + "; ".join(fmt_ratio(r) for r in ratios))
+    ratios = []
+    for k in cold:
+        if k.endswith("_marked") and k[: -len("_marked")] in cold:
+            base_k = k[: -len("_marked")]
+            ratios.append(ratio(f"{base_k}: XLA programs per generate, unmarked / marked (fewer)",
+                                cold[base_k]["programs_first"] / max(1, cold[k]["programs_first"]), None, True))
+    for k in cold:
+        ratios.append(ratio(f"{k} vs CPU eager (speedup)", ms["cpu_eager"] / ms[k], None, True))
+    if "tpu_compiled_dynamic" in cold:
+        ratios.append(ratio("compiled graph programs per 256-token generate (vs bound)",
+                            cold["tpu_compiled_dynamic"]["graph_programs_first"] / bound, 1.0, False))
+    parts = [f"{k}: {ms[k]:.2f} ms/token, {v['programs_first']} XLA programs ({v['graph_programs_first']} graph) "
+             f"first generate, {v['programs_second']} second" for k, v in cold.items()]
+    summary = (f"{NAME}: " + "; ".join(parts) + f"; CPU eager {ms['cpu_eager']:.2f} ms/token; graph-program bound "
+               f"{bound}; tokens equal CPU: {all(v['tokens_equal_cpu'] for v in cold.values())}; "
+               + "; ".join(fmt_ratio(r) for r in ratios))
     return finish(NAME, {
         "description": __doc__,
         "model": {"hidden_size": HIDDEN, "layers": LAYERS, "vocab": VOCAB, "prompt": PROMPT, "new_tokens": NEW},
@@ -132,4 +146,4 @@ def run(fused: bool = True) -> dict[str, Any]:
 if __name__ == "__main__":
     import sys
 
-    run(fused="--no-fused" not in sys.argv)
+    run(fused="--no-fused" not in sys.argv, unmarked="--marked-only" not in sys.argv)

@@ -166,7 +166,7 @@ def test_training_graphs_are_padded_and_grads_match_cpu() -> None:
 
 def test_op_without_padded_rule_runs_exact_programs() -> None:
     def f(x: torch.Tensor) -> torch.Tensor:
-        return torch.cumsum(x, 0) + 1  # a scan: padding has no rule for it
+        return torch.flip(x, [0]) + 1  # the padding would move to the front: no padded rule
 
     g = torch.compile(f, backend="tpu", dynamic=True)
     torch_tpu.reset_cache_stats()
@@ -175,8 +175,21 @@ def test_op_without_padded_rule_runs_exact_programs() -> None:
         torch.testing.assert_close(g(x.to("tpu")).cpu(), f(x))
     entries = dynamic_shapes.BUCKETS
     assert [b["kind"] for b in entries] == ["exact", "exact"]
-    assert "cumsum" in entries[0]["reason"]
+    assert "flip" in entries[0]["reason"]
     assert "exact" in str(torch_tpu.explain(print_result=False))
+
+
+def test_scans_and_all_any_run_padded() -> None:
+    def f(x: torch.Tensor) -> torch.Tensor:
+        # a scan along the padded dim sees only earlier elements; all/any mask padding with identity
+        return torch.cumsum(x, 0) * (x > -5).all() + (x > 1).any(0)
+
+    g = torch.compile(f, backend="tpu", dynamic=True)
+    torch_tpu.reset_cache_stats()
+    for n in (4, 6):
+        x = torch.randn(n, 3)
+        torch.testing.assert_close(g(x.to("tpu")).cpu(), f(x))
+    assert [b["kind"] for b in dynamic_shapes.BUCKETS] == ["padded"]
 
 
 def test_size_used_as_a_value_runs_exact_programs() -> None:

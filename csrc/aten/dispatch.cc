@@ -19,6 +19,7 @@
 #include "call_outputs.h"
 #include "common.h"
 #include "cpu_fallback.h"
+#include "eager_dynamic.h"
 #include "cuda_compat.h"
 #include "dispatch_cache.h"
 #include "op_info.h"
@@ -126,6 +127,7 @@ void run_cached(const c10::OperatorHandle& op, const OpInfo& info, const CachedC
 }  // namespace
 
 void tpu_boxed_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stack* stack) {
+  if (eager_dynamic::maybe_handle(op, stack)) return;  // reads a mark_dynamic storage (eager_dynamic.cc)
   const OpInfo& info = op_info(op);
   std::string why = "no lowering";
   if (info.host_sync) {

@@ -14,6 +14,7 @@ from typing import Any
 __all__ = [
     "EagerMode",
     "explain",
+    "mark_dynamic",
     "cache_stats",
     "compile_stats",
     "dispatch_stats",
@@ -137,6 +138,19 @@ def reset_cache_stats() -> None:
     dynamic = sys.modules.get("torch_tpu._internal.dynamic_shapes")
     if dynamic is not None:  # explain()'s bucket list restarts with the compile log
         dynamic.BUCKETS.clear()
+    eager = sys.modules.get("torch_tpu._internal.eager_dynamic")
+    if eager is not None:
+        eager.reset_stats()
+
+
+def mark_dynamic(tensor: Any, dim: int, *, min: int | None = None, max: int | None = None) -> Any:  # noqa: A002
+    """Eager bounded dynamism (the TPU reference's eager API): `dim` of a tpu tensor becomes
+    dynamic, so eager ops (strict and fused) build one program per size bucket (powers of two
+    >= 16, at most `max`) instead of one per size; results along that dim stay dynamic. One
+    dynamic dim per tensor; marks in place and returns the tensor (docs/compile.md)."""
+    from torch_tpu._internal.eager_dynamic import mark_dynamic as mark
+
+    return mark(tensor, dim, min=min, max=max)
 
 
 def fallback_stats() -> dict[str, int]:
@@ -173,5 +187,7 @@ def compile_stats() -> dict[str, Any]:
     from torch_tpu._internal import compile as tpu_compile
     from torch_tpu._internal import dynamic_shapes
 
+    eager = sys.modules.get("torch_tpu._internal.eager_dynamic")
     return {**tpu_compile.STATS, "graph_tiers": [dict(t) for t in tpu_compile.GRAPH_TIERS],
-            "dynamic": [dict(b) for b in dynamic_shapes.BUCKETS]}
+            "dynamic": [dict(b) for b in dynamic_shapes.BUCKETS],
+            "eager_dynamic": eager.stats() if eager is not None else {}}

@@ -71,6 +71,34 @@ def _dyn(v: Any) -> dict[int, sympy.Expr]:
     return {d: s.node.expr for d, s in enumerate(v.shape) if _free(s)}
 
 
+_FNS: dict[sympy.Expr, Callable[[dict[sympy.Symbol, int]], int]] = {}
+
+
+def evaluator(e: sympy.Expr) -> Callable[[dict[sympy.Symbol, int]], int]:
+    """A size expression as a plain Python function of the symbol values (built once per
+    expression): sympy's xreplace on every call cost ~0.5 ms per compiled call."""
+    f = _FNS.get(e)
+    if f is None:
+        syms = sorted(e.free_symbols, key=str)
+        try:
+            from torch.utils._sympy.printers import PythonPrinter
+
+            names = [f"_v{i}" for i in range(len(syms))]
+            code = PythonPrinter().doprint(e.xreplace(dict(zip(syms, map(sympy.Symbol, names), strict=True))))
+            g = eval(f"lambda {', '.join(names)}: {code}", {"math": math})  # noqa: S307 - our own expression
+            probe = {s: 7 + 3 * i for i, s in enumerate(syms)}
+            if int(g(*[probe[x] for x in syms])) != int(e.xreplace(probe)):
+                raise ValueError(code)
+
+            def f(vals: dict[sympy.Symbol, int], g: Any = g, syms: list = syms) -> int:
+                return int(g(*[vals[x] for x in syms]))
+        except Exception:  # noqa: BLE001 - an expression the printer cannot spell: sympy it is
+            def f(vals: dict[sympy.Symbol, int], e: sympy.Expr = e) -> int:
+                return int(e.xreplace(vals))
+        _FNS[e] = f
+    return f
+
+
 def next_bucket(v: int, hi: int | None) -> int:
     b = max(BUCKET_MIN, 1 << max(0, v - 1).bit_length())
     return max(v, min(b, hi)) if hi is not None else b
@@ -119,7 +147,8 @@ _LAYOUT = {aten.transpose.int, aten.permute.default, aten.t.default, aten.unsque
            aten.alias.default, aten.clone.default, aten._to_copy.default, aten.detach.default,
            aten.lift_fresh_copy.default, torch.ops.prims.convert_element_type.default}
 _VIEWS = {aten.view.default, aten._unsafe_view.default, aten.reshape.default}
-_FACTORY = {aten.empty.memory_format, aten.zeros.default, aten.ones.default, aten.full.default,
+_FACTORY = {aten.ones_like.default, aten.zeros_like.default, aten.full_like.default, aten.empty_like.default,
+            aten.empty.memory_format, aten.zeros.default, aten.ones.default, aten.full.default,
             aten.new_empty.default, aten.new_zeros.default, aten.new_ones.default, aten.new_full.default,
             aten.empty_strided.default, aten.arange.default}
 _REDUCE_FILL = {aten.sum.dim_IntList: 0.0, aten.sum.default: 0.0, aten.amax.default: -math.inf, aten.amin.default: math.inf,
@@ -303,6 +332,19 @@ class _PaddedInterpreter(torch.fx.Interpreter):
             return target(*args, **kwargs)  # rows are normalized independently
         if target in _REDUCE_FILL or target in (aten.mean.dim, aten.mean.default):
             return self._reduce(n, target, args, kwargs)
+        if target in (aten.cumsum.default, aten.cumprod.default):
+            return target(*args, **kwargs)  # element i sees only elements <= i: padding comes after
+        if target in (aten.all.default, aten.any.default, aten.all.dim, aten.any.dim, aten.all.dims, aten.any.dims):
+            src = n.args[0].meta["val"]
+            raw = args[1] if len(args) > 1 else kwargs.get("dim")
+            dims = list(range(src.dim())) if raw in (None, []) else [d % src.dim() for d in (
+                raw if isinstance(raw, (list, tuple)) else [raw])]
+            x = args[0]
+            for d in dims:  # padded entries become the identity (True for all, False for any)
+                if d in _dyn(src):
+                    x = torch.where(_keep(x, d, self.real.of(_dyn(src)[d])), x,
+                                    torch.full((), target.overloadpacket is aten.all, dtype=x.dtype, device=x.device))
+            return target(x, *args[1:], **kwargs)
         if target in (aten.mm.default, aten.bmm.default):
             return self._matmul(n, target, args)
         if target is aten.addmm.default and not kwargs:
@@ -511,6 +553,8 @@ class DynamicGraph:
         self.name = name
         self.placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
         self.vals = [n.meta.get("val") for n in self.placeholders]
+        self.val_dyn = [_dyn(v) for v in self.vals]  # per input: symbolic dim -> size expression
+        self._wants: dict[tuple, list[int]] = {}  # (input, bucket) -> padded shape
         # Where each symbol's value is read from: (input index, dim) or (input index, None).
         self.bind: dict[sympy.Symbol, tuple[int, int | None]] = {}
         shape_env = None
@@ -570,19 +614,27 @@ class DynamicGraph:
             out[s] = int(a) if d is None else int(a.shape[d])
         return out
 
-    def _buckets(self, values: dict[sympy.Symbol, int], args: Sequence[Any]) -> dict[sympy.Symbol, int]:
+    def _buffer(self, i: int, a: Any, buffers: Sequence[Any] | None) -> torch.Tensor | None:
+        """The padded buffer behind input i: given by the caller (eager), else a prefix view's base."""
+        if buffers is not None:
+            return buffers[i]
+        return _base_buffer(a, self.vals[i])
+
+    def _buckets(self, values: dict[sympy.Symbol, int], args: Sequence[Any],
+                 buffers: Sequence[Any] | None = None) -> dict[sympy.Symbol, int]:
         b = {s: next_bucket(values[s], self.upper[s]) for s in self.symbols}
         # A buffer that comes back (a prefix view of one of our outputs) with a larger capacity
         # than the bucket: use its capacity, so it is passed as is.
-        for s, (i, d) in self.bind.items():
-            if d is not None:
-                base = _base_buffer(args[i], self.vals[i])
+        for i, dyn in enumerate(self.val_dyn):
+            for d, s in dyn.items():
+                base = self._buffer(i, args[i], buffers)
                 if s in b and base is not None and base.shape[d] > b[s] and (self.upper[s] is None or base.shape[d] <= self.upper[s]):
                     b[s] = int(base.shape[d])
         for _ in range(64):
             grow = False
             for real, pieces in self.constraints:
-                if int(real.xreplace(values)) > max(int(p.xreplace({**values, **b})) for p in pieces):
+                both = {**values, **b}
+                if evaluator(real)(values) > max(evaluator(p)(both) for p in pieces):
                     # grow the bucket of the largest size in the result (one symbol at a time)
                     grown = sorted(((b[s], str(s), s) for s in real.free_symbols & set(self.symbols)
                                     if next_bucket(b[s] + 1, self.upper[s]) > b[s]), reverse=True)
@@ -604,13 +656,15 @@ class DynamicGraph:
             return caps[e] if e in caps else int(e.xreplace(b))
         return phys
 
-    def _physical(self, a: Any, v: Any, b: dict[sympy.Symbol, int]) -> Any:
-        """The buffer passed for input a: its bucket-sized buffer as is, else padded to the bucket."""
-        dyn = _dyn(v)
+    def _physical(self, i: int, a: Any, b: dict[sympy.Symbol, int], key: tuple,
+                  base: torch.Tensor | None = None) -> Any:
+        """The buffer passed for input i (a): its bucket-sized buffer as is, else padded to the bucket."""
+        dyn = self.val_dyn[i]
         if not dyn:
             return a
-        want = [int(_expr(s).xreplace(b)) if _free(s) else int(s) for s in v.shape]
-        base = _base_buffer(a, v)
+        want = self._wants.get((i, key))
+        if want is None:
+            want = self._wants[(i, key)] = [evaluator(_expr(s))(b) if _free(s) else int(s) for s in self.vals[i].shape]
         x = base if base is not None else a
         if list(x.shape) == want:
             return x
@@ -685,26 +739,35 @@ class DynamicGraph:
                         "reason": self.unpadded, "program": prog.desc["name"]})
         return tensor_idx, prog
 
+    def run_padded(self, args: Sequence[Any], buffers: Sequence[Any] | None = None
+                   ) -> tuple[list[Any], dict[sympy.Symbol, int]] | None:
+        """The padded program's outputs (bucket-sized buffers) and the symbol values, or None when
+        this graph cannot run padded (`unpadded` says why). `buffers[i]`: the padded buffer behind
+        input i when the caller knows it (eager), else found from prefix views."""
+        if self.unpadded:
+            return None
+        values = self._values(args)
+        b = self._buckets(values, args, buffers)
+        key = ("padded", tuple(b[s] for s in self.symbols + self.int_symbols))
+        phys = [self._physical(i, a, b, key, self._buffer(i, a, buffers)) for i, a in enumerate(args)]
+        if key not in self.programs:
+            try:
+                self.programs[key] = self._padded_program(b, phys)
+            except Unpaddable as e:
+                self.unpadded = _first_line(e)
+            except Exception as e:  # noqa: BLE001 - a lowering refused the padded graph
+                self.unpadded = f"{type(e).__name__}: {_first_line(e)}"
+        if self.unpadded:
+            return None
+        tensor_idx, prog = self.programs[key]
+        ins = [phys[i] for i in tensor_idx] + [torch.tensor(values[s], dtype=torch.int64) for s in self.symbols]
+        return prog(ins), values
+
     def __call__(self, args: list[Any]) -> list[Any]:
         args = list(args)
-        values = self._values(args)
-        if not self.unpadded:
-            b = self._buckets(values, args)
-            key = ("padded", tuple(b[s] for s in self.symbols + self.int_symbols))
-            phys = [self._physical(a, v, b) for a, v in zip(args, self.vals, strict=True)]
-            if key not in self.programs:
-                try:
-                    self.programs[key] = self._padded_program(b, phys)
-                except Unpaddable as e:
-                    self.unpadded = _first_line(e)
-                except Exception as e:  # noqa: BLE001 - a lowering refused the padded graph
-                    self.unpadded = f"{type(e).__name__}: {_first_line(e)}"
-            if not self.unpadded:
-                tensor_idx, prog = self.programs[key]
-                ins = [phys[i] for i in tensor_idx] + [torch.tensor(values[s], dtype=torch.int64)
-                                                        for s in self.symbols]
-                outs = prog(ins)
-                return self._real_outputs(outs, values, args)
+        padded = self.run_padded(args)
+        if padded is not None:
+            return self._real_outputs(padded[0], padded[1], args)
         key = ("exact", tuple(tuple(a.shape) if isinstance(a, torch.Tensor) else a for a in args))
         if key not in self.programs:
             try:
@@ -722,15 +785,15 @@ class DynamicGraph:
         for k, (o, v) in enumerate(zip(outs, self.out_vals, strict=True)):
             if k in self.alias_of:
                 def real(x: Any) -> int:
-                    return int(_expr(x).xreplace(values))
+                    return evaluator(_expr(x))(values)
 
                 result.append(args[self.alias_of[k]].as_strided(
                     [real(x) for x in v.shape], [real(x) for x in v.stride()], real(v.storage_offset())))
             elif _free(v):
-                result.append(int(v.node.expr.xreplace(values)))
+                result.append(evaluator(v.node.expr)(values))
             elif isinstance(o, torch.Tensor) and _dyn(v):
                 for d, e in _dyn(v).items():
-                    o = o.narrow(d, 0, int(e.xreplace(values)))
+                    o = o.narrow(d, 0, evaluator(e)(values))
                 result.append(o)
             else:
                 result.append(o)

@@ -26,6 +26,8 @@ class Explanation:
     # Programs built for compiled graphs with symbolic sizes: the bucket each serves
     # (torch_tpu._internal.dynamic_shapes.BUCKETS).
     buckets: list[dict[str, Any]] = field(default_factory=list)
+    # Eager bounded dynamism (torch_tpu.mark_dynamic): bucketed calls, gathers, declines and why.
+    eager_dynamic: dict[str, Any] = field(default_factory=dict)
 
     @property
     def recompiles(self) -> list[CompileRecord]:
@@ -47,6 +49,13 @@ class Explanation:
             for bk in self.buckets:  # the name carries the bucket: s<=B padded, s=v exact
                 why = f" ({bk['reason']})" if bk["reason"] else ""
                 lines.append(f"  {bk['graph']}: {bk['kind']}{why}")
+        ed = self.eager_dynamic
+        if ed and (ed.get("bucketed_calls") or ed.get("declined_calls")):
+            lines.append(f"eager dynamic (mark_dynamic): {ed['bucketed_calls']} bucketed calls (programs named "
+                         f"eager.<op>[s<=bucket] above), {ed['gathers']} runtime-offset reads, "
+                         f"{ed['declined_calls']} calls ran at their exact size:")
+            for op, why in ed.get("declined", {}).items():
+                lines.append(f"  {op}: {why}")
         if self.fallbacks:
             lines.append("CPU fallbacks:")
             for op, n in sorted(self.fallbacks.items(), key=lambda kv: -kv[1]):
@@ -64,6 +73,13 @@ def _buckets() -> list[dict[str, Any]]:
     return [dict(b) for b in mod.BUCKETS] if mod is not None else []
 
 
+def _eager_dynamic() -> dict[str, Any]:
+    import sys
+
+    mod = sys.modules.get("torch_tpu._internal.eager_dynamic")  # loaded by torch_tpu.mark_dynamic
+    return mod.stats() if mod is not None else {}
+
+
 def explain(print_result: bool = True) -> Explanation:
     """Returns (and by default prints) the compile log since start or the last reset_cache_stats()."""
     e = Explanation(
@@ -73,6 +89,7 @@ def explain(print_result: bool = True) -> Explanation:
         fallback_reasons=dict(_C._fallback_reasons()),
         dispatch=dict(_C._dispatch_stats()),
         buckets=_buckets(),
+        eager_dynamic=_eager_dynamic(),
     )
     if print_result:
         print(e)

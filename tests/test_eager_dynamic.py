@@ -1,0 +1,150 @@
+"""Eager bounded dynamism: torch_tpu.mark_dynamic(tensor, dim) buckets strict and fused eager
+programs (power-of-two sizes, masks where padding could leak) and results stay dynamic. Every
+value is compared with PyTorch on the CPU; program counts come from the runtime's cache stats."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+import torch_tpu
+from torch_tpu._internal import eager_dynamic
+
+TPU = "tpu"
+
+
+def _programs() -> int:
+    c = torch_tpu.cache_stats()
+    return int(c.get("misses", 0) + c.get("disk_hits", 0))  # compiled by XLA or loaded from disk
+
+
+def _dyn(x: torch.Tensor, dim: int = 1, **kw: int) -> torch.Tensor:
+    t = x.to(TPU)
+    torch_tpu.mark_dynamic(t, dim, **kw)
+    return t
+
+
+def _ops(x: torch.Tensor, w: torch.Tensor, tail: torch.Tensor) -> list[torch.Tensor]:
+    """Ops over the dynamic dim 1 of x [2, L, 8]: masked reductions, contraction, softmax, cat,
+    cumsum, views at the end, composites that must stay dynamic."""
+    y = torch.cat([x, tail], dim=1) * 2 + 1                       # cat along the dynamic dim
+    p = torch.softmax(y, dim=1)                                     # softmax over it
+    s = y.sum(1), y.mean(1), y.amax(1), y.amin(1)                   # reductions over it
+    c = torch.cumsum(y, dim=1)
+    m = y.transpose(1, 2) @ y                                       # contraction over it: [2, 8, 8]
+    lin = torch.nn.functional.linear(y, w)                          # per-row: stays dynamic
+    last = y[:, -1:, :] + y[:, -2, :].unsqueeze(1)                  # views from the end
+    ones = torch.ones_like(y[..., 0]).cumsum(1) - 1                 # positions
+    flags = torch.stack([(y > 3).all(), (y > 3).any()])
+    cl = y.clone().to(torch.float64)
+    return [y, p, *s, c, m, lin, last, ones, flags, cl]
+
+
+@pytest.mark.parametrize("fused", [False, True], ids=["strict", "fused"])
+def test_bucketed_ops_equal_cpu_and_reuse_programs(fused: bool) -> None:
+    torch.manual_seed(0)
+    w = torch.randn(4, 8)
+    mode = torch_tpu.EagerMode.DEFER_AND_FUSE if fused else torch_tpu.EagerMode.DEFER_NEVER
+    built = []
+    with torch_tpu.set_eager_mode(mode):
+        for n in (5, 9, 13, 20):  # buckets 16, 16, 16, 32 (n + 1 after the cat)
+            x, tail = torch.randn(2, n, 8), torch.randn(2, 1, 8)
+            xd, wd, td = _dyn(x), w.to(TPU), tail.to(TPU)  # marking copies x once: one program per size
+            torch_tpu.synchronize()
+            before = _programs()
+            got = _ops(xd, wd, td)
+            torch_tpu.synchronize()
+            built.append(_programs() - before)  # (reading a view back compacts it: one program per shape)
+            got_cpu = [g.cpu() for g in got]
+            for a, b in zip(got_cpu, _ops(x, w, tail), strict=True):
+                assert a.shape == b.shape
+                torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+    # A second and third size in the same bucket build nothing new; the next bucket does (fused
+    # runs after strict and shares its bucketed programs, which are keyed by the padded graph).
+    assert built[1] == 0 and built[2] == 0, built
+    assert fused or built[3] > 0
+    assert eager_dynamic.stats()["bucketed_calls"] > 0
+
+
+def test_results_stay_dynamic_and_growth_uses_buckets() -> None:
+    x = _dyn(torch.arange(10).reshape(1, 10))
+    ref = torch.arange(10).reshape(1, 10)
+    torch_tpu.reset_cache_stats()
+    for k in range(30):  # 10 -> 40: buckets 16, 32, 64
+        nxt = torch.full((1, 1), 100 + k)
+        x = torch.cat([x, nxt.to(TPU)], dim=-1)
+        ref = torch.cat([ref, nxt], dim=-1)
+        assert torch.ops.torch_tpu._dynamic_info(x)  # still dynamic
+    assert torch.equal(x.cpu(), ref)
+    cats = {b["graph"] for b in torch_tpu.compile_stats()["dynamic"] if "eager.aten.cat" in b["graph"]}
+    assert len(cats) == 3, cats  # one program per bucket: <=16, <=32, <=64
+    assert "eager.aten.cat" in str(torch_tpu.explain(print_result=False))
+
+
+def test_max_caps_the_bucket() -> None:
+    x = _dyn(torch.arange(12.0).reshape(1, 12), max=20)
+    assert torch.ops.torch_tpu._dynamic_info(x)[3] == 16
+    for _ in range(6):
+        x = torch.cat([x, torch.ones(1, 1, device=TPU)], dim=1)
+    assert x.shape[1] == 18 and torch.ops.torch_tpu._dynamic_info(x)[3] == 20  # capped at max, not 32
+    assert torch.equal(x.cpu(), torch.cat([torch.arange(12.0).reshape(1, 12), torch.ones(1, 6)], 1))
+
+
+def test_in_place_update_runs_exactly() -> None:
+    x = _dyn(torch.arange(6.0).reshape(2, 3))
+    x.add_(1)  # a mutation of a dynamic storage runs on the normal (exact-size) path
+    assert torch.equal(x.cpu(), torch.arange(6.0).reshape(2, 3) + 1)
+    assert torch.equal((x * 2).cpu(), (torch.arange(6.0).reshape(2, 3) + 1) * 2)  # still usable
+
+
+def test_bad_arguments_raise_clear_errors() -> None:
+    with pytest.raises(ValueError, match="tpu device"):
+        torch_tpu.mark_dynamic(torch.ones(2, 3), 1)
+    with pytest.raises(IndexError, match="out of range"):
+        torch_tpu.mark_dynamic(torch.ones(2, 3, device=TPU), 2)
+    with pytest.raises(ValueError, match="below the current size"):
+        torch_tpu.mark_dynamic(torch.ones(2, 30, device=TPU), 1, max=20)
+    t = torch_tpu.mark_dynamic(torch.ones(2, 3, device=TPU), 1)
+    with pytest.raises(ValueError, match="one dynamic dim per tensor"):
+        torch_tpu.mark_dynamic(t, 0)
+    assert torch_tpu.mark_dynamic(t, 1) is t  # marking again is a no-op
+
+
+def test_hf_generate_strict_eager_is_bucketed() -> None:
+    transformers = pytest.importorskip("transformers")
+    warnings.simplefilter("ignore")
+    torch.manual_seed(0)
+    cfg = transformers.LlamaConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                   vocab_size=64, intermediate_size=64, max_position_embeddings=128)
+    model = transformers.LlamaForCausalLM(cfg).eval()
+    ids = torch.randint(0, 64, (1, 5), generator=torch.Generator().manual_seed(1))
+    kw = {"max_new_tokens": 14, "min_new_tokens": 14, "do_sample": False}
+    ref = model.generate(ids, attention_mask=torch.ones_like(ids), **kw)
+    model.to(TPU)
+
+    def gen() -> torch.Tensor:
+        x, am = ids.to(TPU), torch.ones_like(ids).to(TPU)
+        torch_tpu.mark_dynamic(x, 1)
+        torch_tpu.mark_dynamic(am, 1)
+        return model.generate(x, attention_mask=am, **kw).cpu()
+
+    eager_dynamic.reset_stats()
+    assert torch.equal(gen(), ref)  # lengths 5 .. 19: buckets 16 and 32
+    stats = eager_dynamic.stats()
+    assert stats["bucketed_calls"] > 100, stats  # the KV cache, attention, positions all bucketed
+    kinds = {b["graph"].split("[")[0] for b in torch_tpu.compile_stats()["dynamic"]}
+    assert "eager.aten.cat.default" in kinds and any("scaled_dot_product" in k for k in kinds), kinds
+    before = _programs()
+    assert torch.equal(gen(), ref)
+    assert _programs() == before, f"second generate built {_programs() - before} programs"
+
+
+def test_changing_python_scalar_stops_tracing(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A Python scalar is a constant of the traced op: past the per-op bound the op runs exactly.
+    monkeypatch.setattr(eager_dynamic, "_MAX_TRACES_PER_OP", 2)
+    ref = torch.arange(1.0, 7.0).reshape(2, 3)
+    x = _dyn(ref)
+    for k in range(4):
+        assert torch.equal(torch.fmod(x, 1.5 + k).cpu(), torch.fmod(ref, 1.5 + k))
+    assert "distinct argument sets" in eager_dynamic.stats()["declined"]["aten.fmod.Scalar"]
