@@ -230,6 +230,7 @@ void bind_dispatch_queries(py::module_& m) {
       return it == constants.end() ? std::nullopt : std::optional<double>(it->second);
     }, largest_numel);
   });
+  m.def("_set_dispatch_cache_enabled", &tpu::aten::set_dispatch_cache_enabled);
   m.def("_dispatch_cache_stats", [] {
     auto s = tpu::aten::dispatch_cache_stats();
     return std::unordered_map<std::string, int64_t>{{"hits", s.hits}, {"remembered", s.remembered}, {"entries", s.entries}};
