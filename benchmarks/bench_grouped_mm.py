@@ -1,21 +1,24 @@
 """MoE grouped GEMMs and MoE models.
 
 1. `torch._grouped_mm` at decode batch 64 (64 tokens x top-2 routed to 8 experts, hidden 512, ffn 1024),
-   float32 and bfloat16: the tpu lowering (sync-free: 16-row tiles x expert pairs computed on device
-   for the up projection, dense select for the weight-gradient form; see csrc/lowering/grouped_mm.cc)
-   vs PyTorch's per-expert loop on the CPU (its generic `_grouped_mm`, one
-   .item() + one mm per group) and the same per-expert loop on tpu (offsets read to the host once,
-   one mm per expert). Forms: up projection [S,512] x [8,512,1024] and the weight-gradient form
-   [512,S] x [S,1024] with offsets along K.
-2. torch.tpu.ops.ragged_dot at the same shape (the routing of 64 tokens x top-2): the lowered XLA path,
-   the Pallas kernel through jax_op (interpret mode off TPU), Transformers' eager per-expert loop on tpu
-   (`experts_implementation="eager"`: one_hot mask, nonzero, one linear + index_add per expert) and
-   PyTorch CPU's `_grouped_mm`; forward and weight gradient, float32 and bfloat16. The forward also
-   times the XLA path on the weights in nn.Linear layout [E, N, K] passed as a transposed view.
+   float32 and bfloat16: the tpu lowering (sync-free, see csrc/lowering/grouped_mm.cc) by its default
+   path - on the CPU plugin the host kernel (an XLA FFI custom call into ATen's CPU GEMM, one mm per
+   group inside the program) - and by the XLA path (host kernels switched off), vs PyTorch's per-expert
+   loop on the CPU (its generic `_grouped_mm`, one .item() + one mm per group) and the same per-expert
+   loop on tpu (offsets read to the host once, one mm per expert). Forms: up projection
+   [S,512] x [8,512,1024] and the weight-gradient form [512,S] x [S,1024] with offsets along K.
+2. torch.tpu.ops.ragged_dot at the same shape (the routing of 64 tokens x top-2): the host kernel, the
+   XLA path, the Pallas kernel through jax_op (interpret mode off TPU), Transformers' eager per-expert
+   loop on tpu (`experts_implementation="eager"`: one_hot mask, nonzero, one linear + index_add per
+   expert) and PyTorch CPU's `_grouped_mm`; forward and weight gradient, float32 and bfloat16. The
+   forward also times host kernel and XLA path on the weights in nn.Linear layout [E, N, K] passed as a
+   transposed view. The goals compare the default path ("ragged_dot": the host kernel where it is
+   registered, else XLA) with the loop (>= 10x) and with CPU `_grouped_mm` (>= 1x).
 3. Tiny Qwen3-MoE and Mixtral (the configs of tests/test_models_moe.py): forward and one AdamW train
    step, tpu strict eager vs CPU eager; and decode tokens/s at batch 64 (one token per sequence per
    step, KV cache) with Transformers' eager experts loop, its default grouped_mm experts, and the
-   experts kernelized to the ragged-dot layer of torch_tpu's kernels repository.
+   experts kernelized to the ragged-dot layer of torch_tpu's kernels repository; the last two with the
+   host kernels on and off.
 """
 
 from __future__ import annotations
@@ -40,8 +43,18 @@ def per_call_ms(times: dict[str, list[float]]) -> tuple[dict[str, float], dict[s
     return best, med
 
 
-def timed(fn: Callable[[], object], on_tpu: bool) -> Callable[[], object]:
+def host_kernels(on: bool) -> str:
+    import torch_tpu.ops
+
+    return torch_tpu.ops.host_kernels(on)
+
+
+def timed(fn: Callable[[], object], on_tpu: bool, host: bool = True) -> Callable[[], object]:
+    """ITERS calls (then one sync on tpu), with the CPU plugin's host kernels on or off."""
+
     def loop() -> object:
+        if on_tpu:
+            host_kernels(host)
         r = None
         for _ in range(ITERS):
             r = fn()
@@ -97,6 +110,7 @@ def gmm_case(form: str, dtype: torch.dtype) -> dict[str, Any]:
     ad, bd, od = a.to(TPU), b.to(TPU), offs.to(TPU)
     fns = {
         "tpu_lowered": timed(lambda: torch._grouped_mm(ad, bd, od), True),
+        "tpu_lowered_xla": timed(lambda: torch._grouped_mm(ad, bd, od), True, host=False),
         "tpu_loop": timed(lambda: loop(ad, bd, od), True),
         "cpu_grouped_mm": timed(lambda: torch._grouped_mm(a, b, offs), False),
     }
@@ -163,13 +177,19 @@ def ragged_case(form: str, dtype: torch.dtype) -> dict[str, Any]:
         wl = w.transpose(1, 2).contiguous()  # nn.Linear layout for the loop
         wd, wld = w.to(TPU), wl.to(TPU)
         ref = torch._grouped_mm(rows.float(), w.float(), offs)
+        def fwd() -> torch.Tensor:
+            return torch_tpu.ops.ragged_dot(d["rows"], wd, d["sizes"], impl="xla")
+
+        def fwd_nk() -> torch.Tensor:  # the same weights in nn.Linear layout [E, N, K], a transposed view
+            return torch_tpu.ops.ragged_dot(d["rows"], wld.transpose(1, 2), d["sizes"], impl="xla")
+
         fns = {
-            "ragged_dot_xla": timed(lambda: torch_tpu.ops.ragged_dot(d["rows"], wd, d["sizes"], impl="xla"), True),
+            "ragged_dot": timed(fwd, True),
+            "ragged_dot_xla": timed(fwd, True, host=False),
             "ragged_dot_pallas": timed(lambda: torch_tpu.ops.ragged_dot(d["rows"], wd, d["sizes"], impl="pallas"),
                                        True),
-            # the same weights in nn.Linear layout [E, N, K], passed as a transposed view
-            "ragged_dot_xla_nk_view": timed(lambda: torch_tpu.ops.ragged_dot(d["rows"], wld.transpose(1, 2),
-                                                                               d["sizes"], impl="xla"), True),
+            "ragged_dot_nk_view": timed(fwd_nk, True),
+            "ragged_dot_xla_nk_view": timed(fwd_nk, True, host=False),
             "tpu_hf_eager_loop": timed(lambda: hf_eager_loop(d["xt"], wld, d["idx"]), True),
             "cpu_grouped_mm": timed(lambda: torch._grouped_mm(rows, w, offs), False),
         }
@@ -179,8 +199,12 @@ def ragged_case(form: str, dtype: torch.dtype) -> dict[str, Any]:
         gyt = torch.zeros(TOKENS, FFN, dtype=dtype)  # the loop's per-token layout (one slot each)
         gd, gytd = gy.to(TPU), gyt.to(TPU)
         ref = torch._grouped_mm(rows.float().t(), gy.float(), offs)
+        def wgrad() -> torch.Tensor:
+            return torch_tpu.ops.ragged_dot_weight_grad(d["rows"], gd, d["sizes"])
+
         fns = {
-            "ragged_dot_xla": timed(lambda: torch_tpu.ops.ragged_dot_weight_grad(d["rows"], gd, d["sizes"]), True),
+            "ragged_dot": timed(wgrad, True),
+            "ragged_dot_xla": timed(wgrad, True, host=False),
             "tpu_hf_eager_loop": timed(lambda: hf_eager_loop_wgrad(d["xt"], gytd, d["idx"]), True),
             "cpu_grouped_mm": timed(lambda: torch._grouped_mm(rows.t(), gy, offs), False),
         }
@@ -210,10 +234,13 @@ def decode_case(kind: str, steps: int = 4, batch: int = TOKENS) -> dict[str, Any
             with kernels.use_kernel_mapping(repo.kernel_mapping()):
                 m = kernels.kernelize(m, device="tpu", mode=kernels.Mode.INFERENCE)
         variants[name] = m
+        if name != "eager_loop":
+            variants[name + "_xla"] = m  # the same model with the host kernels off
     outs = {}
 
     def decoder(m: torch.nn.Module, name: str) -> Callable[[], object]:
         def run() -> object:
+            host_kernels(not name.endswith("_xla"))
             with torch.no_grad():
                 cache = DynamicCache(config=m.config)
                 out = m(input_ids=ids, past_key_values=cache, use_cache=True)
@@ -291,15 +318,18 @@ def run() -> dict[str, Any]:
     for c in rag:
         tag = f"ragged_dot {c['form']}/{c['dtype']}"
         ms = c["ms"]
-        ratios.append(ratio(f"{tag} hf_eager_loop_tpu/xla", ms["tpu_hf_eager_loop"] / ms["ragged_dot_xla"],
+        ratios.append(ratio(f"{tag} hf_eager_loop_tpu/ragged_dot", ms["tpu_hf_eager_loop"] / ms["ragged_dot"],
                             10.0, True))
-        ratios.append(ratio(f"{tag} cpu_grouped_mm/xla", ms["cpu_grouped_mm"] / ms["ragged_dot_xla"], 1.0, True))
+        ratios.append(ratio(f"{tag} cpu_grouped_mm/ragged_dot", ms["cpu_grouped_mm"] / ms["ragged_dot"], 1.0, True))
+        ratios.append(ratio(f"{tag} xla/ragged_dot", ms["ragged_dot_xla"] / ms["ragged_dot"], None, True))
     for c in decode:
         tps = c["tokens_per_s"]
         ratios.append(ratio(f"{c['model']} decode tok/s kernel/eager_loop", tps["ragged_dot_kernel"] / tps["eager_loop"],
                             None, True))
         ratios.append(ratio(f"{c['model']} decode tok/s kernel/grouped_mm", tps["ragged_dot_kernel"] / tps["grouped_mm"],
                             None, True))
+        ratios.append(ratio(f"{c['model']} decode tok/s kernel host/xla",
+                            tps["ragged_dot_kernel"] / tps["ragged_dot_kernel_xla"], None, True))
     for c in gmm:
         tag = f"{c['form'].split()[0]}/{c['dtype']}"
         ratios.append(ratio(f"{tag} cpu_loop/tpu_lowered", c["ms"]["cpu_grouped_mm"] / c["ms"]["tpu_lowered"],
@@ -317,9 +347,11 @@ def run() -> dict[str, Any]:
               for c in decode]
     parts += [f"{c['model']} fwd {c['ms']['tpu_forward']:.1f}/{c['ms']['cpu_forward']:.1f} ms "
               f"train {c['ms']['tpu_train_step']:.1f}/{c['ms']['cpu_train_step']:.1f} ms (tpu/cpu)" for c in models]
+    host_kernels(True)
     summary = f"{NAME}: " + "; ".join(parts) + " | " + ", ".join(fmt_ratio(r) for r in ratios)
     return finish(NAME, {
         "description": __doc__.strip().splitlines()[0] if __doc__ else NAME,
+        "host_kernels": host_kernels(True),
         "shape": {"tokens": TOKENS, "top_k": TOP_K, "experts": EXPERTS, "hidden": HIDDEN, "ffn": FFN},
         "grouped_mm": gmm,
         "ragged_dot": rag,

@@ -70,6 +70,23 @@ def test_stream_and_event_query_do_not_wait() -> None:
     torch.testing.assert_close(z.cpu(), (x.cpu() @ x.cpu()) * 2 + 1, rtol=1e-4, atol=1e-4)
 
 
+def test_synchronize_after_many_launches_and_donations() -> None:
+    # Launches are tracked by their outputs, with a completion event only every few hundred: more
+    # launches than that, in-place ones (their input buffer donated) and kept results, all settle.
+    before = torch_tpu.dispatch_stats()["launches"]
+    x = torch.zeros(64, device="tpu")
+    kept = []
+    for i in range(600):
+        x.add_(1)
+        if i % 150 == 0:
+            kept.append(x * 2)
+    torch.tpu.synchronize()
+    assert torch.tpu.current_stream().query()
+    assert torch_tpu.dispatch_stats()["launches"] - before >= 600
+    assert torch.equal(x.cpu(), torch.full((64,), 600.0))
+    assert [k[0].item() for k in kept] == [2.0, 302.0, 602.0, 902.0]
+
+
 def test_generated_methods() -> None:
     x = torch.arange(4.0).tpu()
     assert x.device.type == "tpu" and x.is_tpu

@@ -43,6 +43,24 @@ def test_fused_loop_body_compiles_once_and_scalars_are_operands() -> None:
     assert abs(v - (x.cpu() * 0.5 + 0.5).relu().sum().item()) < 1e-4
 
 
+def test_fused_trace_keys_tell_structures_apart() -> None:
+    # Same ops, different storage wiring or sizes: each structure gets its own program; a structure
+    # seen before is found by its trace key alone (no program text built: no memory-cache lookup).
+    bodies = [lambda a, b: a * b + b, lambda a, b: a * b + a, lambda a, b: (a * b) * b,
+              lambda a, b: (a * b).add_(a), lambda a, b: a * b]
+    xs = [(torch.randn(16), torch.randn(16)), (torch.randn(17), torch.randn(17))]
+    for rnd in range(2):
+        before = torch_tpu.cache_stats()
+        with set_eager_mode(EagerMode.DEFER_AND_FUSE):
+            for a, b in xs:
+                ta, tb = a.to("tpu"), b.to("tpu")
+                for body in bodies:
+                    torch.testing.assert_close(body(ta, tb).cpu(), body(a.clone(), b), rtol=1e-6, atol=1e-6)
+        after = torch_tpu.cache_stats()
+        if rnd:
+            assert after["misses"] == before["misses"] and after["memory_hits"] == before["memory_hits"]
+
+
 def test_fused_rng_matches_strict() -> None:
     with set_eager_mode(EagerMode.DEFER_AND_FUSE):
         torch.manual_seed(11)

@@ -115,6 +115,25 @@ def test_fully_masked_row_gives_zeros_like_cpu() -> None:
     _check(qkv, m, atol=2e-5, rtol=2e-5)
 
 
+@pytest.mark.parametrize("case", ["gqa_bool_mask_dead_row", "gqa_causal", "float_mask"])
+def test_large_scores_take_the_blocked_forward(case: str, tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    # Scores over 4 MiB ([B*Hkv, G*L, S] = [2, 600, 1030] f32) run as a loop over blocks of query
+    # rows (127 here: 4 blocks and a 92-row tail); rows, masks and GQA groups must line up.
+    monkeypatch.setenv("TORCH_TPU_DUMP_DIR", str(tmp_path))
+    torch.manual_seed(9)
+    if case == "float_mask":
+        qkv, m = _inputs(1, 2, 2, 600, 1030, 8, 8, torch.float32, "float")
+        _check(qkv, m, atol=2e-5, rtol=2e-5)
+    elif case == "gqa_causal":
+        qkv, _ = _inputs(1, 4, 2, 300, 1030, 8, 8, torch.float32, None)
+        _check(qkv, None, atol=2e-5, rtol=2e-5, enable_gqa=True, is_causal=True)
+    else:
+        qkv, m = _inputs(1, 4, 2, 300, 1030, 8, 8, torch.float32, "bool")
+        m[0, 0, 299, :] = False  # the tail's last row attends to nothing
+        _check(qkv, m, atol=2e-5, rtol=2e-5, enable_gqa=True)
+    assert any("stablehlo.while" in f.read_text() for f in tmp_path.glob("*.mlir"))
+
+
 def test_three_d_inputs_in_fused_eager_mode() -> None:
     # [H, L, E] inputs (no batch dim) with a 2-d float mask, recorded into a fused-eager program.
     torch.manual_seed(8)

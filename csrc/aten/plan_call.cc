@@ -15,7 +15,7 @@
 #include <ATen/ops/empty.h>
 
 #include "common.h"
-#include "generator.h"
+#include "compile_reason.h"
 #include "runtime/compile_cache.h"
 #include "runtime/context.h"
 #include "runtime/device_checks.h"
@@ -189,88 +189,6 @@ std::vector<int64_t> int_list(const c10::IValue& v) {
   return out;
 }
 
-// Human-readable signature of a call, one entry per argument, for explaining compiles.
-std::vector<std::pair<std::string, std::string>> describe_call(const std::vector<const NamedArg*>& args,
-                                                               const std::vector<at::Tensor>& outs) {
-  auto tensor_desc = [](const at::Tensor& t) {
-    if (!t.defined()) return std::string("None");
-    std::string d = std::string(shlo::mlir_name(elem_of(t.scalar_type()))) + "[";
-    for (int64_t i = 0; i < t.dim(); ++i) d += (i ? ", " : "") + std::to_string(t.size(i));
-    d += "]";
-    if (!t.is_contiguous() || t.storage_offset() != 0) {
-      d += " strides (";
-      for (int64_t i = 0; i < t.dim(); ++i) d += (i ? ", " : "") + std::to_string(t.stride(i));
-      d += ") offset " + std::to_string(t.storage_offset());
-    }
-    if (t.device().is_cpu()) d += " (cpu scalar)";
-    return d;
-  };
-  std::vector<std::pair<std::string, std::string>> out;
-  for (const NamedArg* a : args) {
-    const c10::IValue& v = a->value;
-    std::string d;
-    if (a->hint == NamedArg::Hint::Generator) d = "generator";
-    else if (v.isTensor()) d = tensor_desc(v.toTensor());
-    else if (v.isTensorList()) {
-      d = "[";
-      for (const at::Tensor& t : v.toTensorList()) d += tensor_desc(t) + "; ";
-      d += "]";
-    } else if (v.isList() && !v.isIntList() && !v.isDoubleList() && !v.isBoolList()) {
-      // Tensor?[] (e.g. index's indices): describe by metadata; printing the IValue would read
-      // every tensor's values back to the host (a hidden sync per index tensor per compile).
-      d = "[";
-      for (const c10::IValue& e : v.toListRef()) {
-        if (e.isTensor()) d += tensor_desc(e.toTensor());
-        else if (e.isNone()) d += "None";
-        else {
-          std::stringstream ss;
-          ss << e;
-          d += ss.str();
-        }
-        d += "; ";
-      }
-      d += "]";
-    } else if (a->hint == NamedArg::Hint::Scalar && v.isScalar()) {
-      d = v.isDouble() ? "float scalar" : v.isBool() ? "bool scalar" : "int scalar";
-    } else {
-      std::stringstream ss;
-      ss << v;
-      d = ss.str();
-    }
-    out.emplace_back(a->name, d);
-  }
-  for (size_t i = 0; i < outs.size(); ++i) out.emplace_back("out" + std::to_string(i), tensor_desc(outs[i]));
-  return out;
-}
-
-// Why an op signature missed the dispatch cache: the first call, or what changed since the last
-// signature compiled for the same overload.
-std::string compile_reason(const std::string& op, std::vector<std::pair<std::string, std::string>> sig,
-                           bool flattened) {
-  static std::mutex mu;
-  static auto* last = std::make_unique<std::unordered_map<std::string, std::vector<std::pair<std::string, std::string>>>>().release();
-  std::lock_guard<std::mutex> lock(mu);
-  auto it = last->find(op);
-  std::string why;
-  if (it == last->end()) {
-    why = "first call of " + op + " (";
-    for (size_t i = 0; i < sig.size(); ++i) why += (i ? ", " : "") + sig[i].first + "=" + sig[i].second;
-    why += ")";
-  } else {
-    for (size_t i = 0; i < sig.size() && i < it->second.size(); ++i) {
-      if (sig[i] == it->second[i]) continue;
-      bool dtype_change = sig[i].second.substr(0, sig[i].second.find('[')) !=
-                          it->second[i].second.substr(0, it->second[i].second.find('['));
-      why += std::string(why.empty() ? "" : "; ") + (dtype_change ? "new dtype" : "new shape") + " for '" +
-             sig[i].first + "': " + it->second[i].second + " -> " + sig[i].second;
-    }
-    if (why.empty()) why = "new signature (storage layout or aliasing changed)";
-    if (flattened) why += " [pointwise: keyed by element count]";
-  }
-  (*last)[op] = std::move(sig);
-  return why;
-}
-
 bool is_host_scalar_tensor(const at::Tensor& t) {
   return t.device().is_cpu() && t.dim() == 0;
 }
@@ -320,87 +238,87 @@ int64_t rng_counters(const lowering::OpEntry& entry, const std::vector<NamedArg>
   return lowering::rng_counters(entry, constant, largest);
 }
 
-// One lowering argument: a device view, a host operand (Python scalar, 0-d CPU tensor, RNG
-// state) or a constant that is part of the key.
-ArgPlan plan_argument(Planner& pl, Plan& plan, const NamedArg& a, int arg_index, int64_t rng_counters,
-                      const std::vector<at::Tensor>& outs) {
-  const auto src = static_cast<int16_t>(arg_index);
-  ArgPlan ap;
-  ap.name = a.name;
-  Arg& av = ap.value;
-  const c10::IValue& v = a.value;
-  if (a.hint == NamedArg::Hint::Ignore || (a.hint == NamedArg::Hint::Generator && rng_counters == 0)) {
-    av.kind = Arg::Kind::None;  // (a call that draws nothing leaves its generator alone)
-  } else if (a.hint == NamedArg::Hint::Generator) {
-    std::optional<at::Generator> g;
-    if (v.isGenerator() && v.toGenerator().defined()) g = v.toGenerator();
-    int dev = std::max(pl.device(), 0);
-    for (const auto& o : outs)
-      if (o.defined()) { dev = o.device().index(); break; }
-    av.kind = Arg::Kind::Tensor;
-    ap.host_index.push_back(pl.num_host());
-    pl.host_rng(draw_rng_state(g, dev, rng_counters), CallSource{static_cast<int16_t>(g ? src : -1), -1, false, true},
-                dev, rng_counters);
-  } else if (v.isNone()) {
-    av.kind = Arg::Kind::None;
+[[noreturn]] void other_device(const Planner& pl, const at::Tensor& t) {
+  TORCH_CHECK(false, "Expected all tensors to be on the same device, but found at least two devices, tpu:",
+              std::max(pl.device(), 0), " and ", t.device().str(), "!");
+}
+
+// The generator state (a host operand): drawn from the given generator, or from the device
+// default one of the call's device (its first output's, else its tensors').
+void plan_generator(Planner& pl, ArgPlan& ap, const c10::IValue& v, int16_t src, int64_t rng_counters,
+                    const std::vector<at::Tensor>& outs) {
+  std::optional<at::Generator> g;
+  if (v.isGenerator() && v.toGenerator().defined()) g = v.toGenerator();
+  int dev = std::max(pl.device(), 0);
+  for (const auto& o : outs)
+    if (o.defined()) { dev = o.device().index(); break; }
+  ap.value.kind = Arg::Kind::Tensor;
+  ap.host_index.push_back(pl.num_host());
+  pl.host_rng(draw_rng_state(g, dev, rng_counters), CallSource{static_cast<int16_t>(g ? src : -1), -1, false, true},
+              dev, rng_counters);
+}
+
+// A tensor: a view of a slot (tpu), a host operand (0-d CPU), or None (undefined).
+void plan_tensor(Planner& pl, Plan& plan, ArgPlan& ap, const at::Tensor& t, int16_t src) {
+  if (!t.defined()) {
+    ap.value.kind = Arg::Kind::None;
     plan.key += "N;";
-  } else if (v.isTensor()) {
-    const at::Tensor& t = v.toTensor();
+  } else if (t.device().type() == kTpu) {
+    ap.value.kind = Arg::Kind::Tensor;
+    ap.refs.push_back(pl.ref(t, {src}));
+  } else if (is_host_scalar_tensor(t)) {
+    ap.value.kind = Arg::Kind::Tensor;
+    ap.host_index.push_back(pl.num_host());
+    pl.host_tensor(t, {src});
+  } else {
+    other_device(pl, t);
+  }
+}
+
+// Tensor[] / Tensor?[]: per element a view, a host operand (0-d CPU) or None.
+void plan_tensor_list(Planner& pl, Plan& plan, ArgPlan& ap, const c10::IValue& v, int16_t src) {
+  ap.value.kind = v.isTensorList() ? Arg::Kind::TensorList : Arg::Kind::OptTensorList;
+  plan.key += "L[";
+  int16_t elem = 0;
+  for (const c10::IValue& e : v.toListRef()) {
+    const at::Tensor t = e.isTensor() ? e.toTensor() : at::Tensor();
+    const CallSource esrc{src, elem++};
     if (!t.defined()) {
-      av.kind = Arg::Kind::None;
+      ap.refs.push_back(std::nullopt);
+      ap.list_host.push_back(std::nullopt);
       plan.key += "N;";
     } else if (t.device().type() == kTpu) {
-      av.kind = Arg::Kind::Tensor;
-      ap.refs.push_back(pl.ref(t, {src}));
+      ap.refs.push_back(pl.ref(t, esrc));
+      ap.list_host.push_back(std::nullopt);
     } else if (is_host_scalar_tensor(t)) {
-      av.kind = Arg::Kind::Tensor;
-      ap.host_index.push_back(pl.num_host());
-      pl.host_tensor(t, {src});
+      ap.refs.push_back(std::nullopt);
+      ap.list_host.push_back(pl.num_host());
+      pl.host_tensor(t, esrc);
     } else {
-      int dev = std::max(pl.device(), 0);
-      TORCH_CHECK(false, "Expected all tensors to be on the same device, but found at least two "
-                  "devices, tpu:", dev, " and ", t.device().str(), "!");
+      other_device(pl, t);
     }
-  } else if (v.isTensorList() || (v.isList() && !v.isIntList() && !v.isDoubleList() && !is_bool_list(v))) {
-    av.kind = v.isTensorList() ? Arg::Kind::TensorList : Arg::Kind::OptTensorList;
-    plan.key += "L[";
-    int16_t elem = 0;
-    auto add_one = [&](const at::Tensor& t) {
-      const CallSource esrc{src, elem++};
-      if (!t.defined()) {
-        ap.refs.push_back(std::nullopt);
-        ap.list_host.push_back(std::nullopt);
-        plan.key += "N;";
-      } else if (t.device().type() == kTpu) {
-        ap.refs.push_back(pl.ref(t, esrc));
-        ap.list_host.push_back(std::nullopt);
-      } else if (is_host_scalar_tensor(t)) {
-        ap.refs.push_back(std::nullopt);
-        ap.list_host.push_back(pl.num_host());
-        pl.host_tensor(t, esrc);
-      } else {
-        TORCH_CHECK(false, "Expected all tensors to be on the same device, but found at least "
-                    "two devices, tpu:", std::max(pl.device(), 0), " and ", t.device().str(), "!");
-      }
-    };
-    if (v.isTensorList()) {
-      for (const at::Tensor& t : v.toTensorList()) add_one(t);
-    } else {
-      for (const c10::IValue& e : v.toListRef()) add_one(e.isTensor() ? e.toTensor() : at::Tensor());
-    }
-    plan.key += "];";
-  } else if (a.hint == NamedArg::Hint::Scalar || v.isScalar() && a.hint == NamedArg::Hint::Scalar) {
-    av.kind = Arg::Kind::Scalar;
-    const c10::Scalar sc = v.toScalar();
-    if (auto k = small_int_scalar(sc)) {
-      ap.scalar_const = *k;
-      ap.scalar_const_elem = sc.isFloatingPoint() ? ElemType::F64 : ElemType::S64;
-      plan.key += (sc.isFloatingPoint() ? "Sf=" : "Si=") + std::to_string(*k) + ";";
-    } else {
-      ap.host_index.push_back(pl.num_host());
-      pl.host_scalar(sc, {src});
-    }
-  } else if (a.hint == NamedArg::Hint::DType) {
+  }
+  plan.key += "];";
+}
+
+// A Python scalar: a constant in the key when small and integral, else a host operand.
+void plan_scalar(Planner& pl, Plan& plan, ArgPlan& ap, const c10::Scalar& sc, int16_t src) {
+  ap.value.kind = Arg::Kind::Scalar;
+  if (auto k = small_int_scalar(sc)) {
+    ap.scalar_const = *k;
+    ap.scalar_const_elem = sc.isFloatingPoint() ? ElemType::F64 : ElemType::S64;
+    plan.key += (sc.isFloatingPoint() ? "Sf=" : "Si=") + std::to_string(*k) + ";";
+  } else {
+    ap.host_index.push_back(pl.num_host());
+    pl.host_scalar(sc, {src});
+  }
+}
+
+// Any other argument is a constant of the program: part of the key.
+void plan_constant(Plan& plan, ArgPlan& ap, const NamedArg& a) {
+  Arg& av = ap.value;
+  const c10::IValue& v = a.value;
+  if (a.hint == NamedArg::Hint::DType) {
     av.kind = Arg::Kind::DType;
     av.dtype = elem_of(static_cast<c10::ScalarType>(v.toInt()));
     plan.key += "D" + std::to_string(v.toInt()) + ";";
@@ -420,8 +338,7 @@ ArgPlan plan_argument(Planner& pl, Plan& plan, const NamedArg& a, int arg_index,
     av.kind = Arg::Kind::IntList;
     av.ints = int_list(v);
     plan.key += "l";
-    for (int64_t x : av.ints)
-      plan.key += std::to_string(x) + ",";
+    for (int64_t x : av.ints) plan.key += std::to_string(x) + ",";
     plan.key += ";";
   } else if (v.isString()) {
     av.kind = Arg::Kind::String;
@@ -432,6 +349,32 @@ ArgPlan plan_argument(Planner& pl, Plan& plan, const NamedArg& a, int arg_index,
   } else {
     throw lowering::Unsupported("argument '" + a.name + "' of type " + v.tagKind() +
                                 " is not supported by the tpu lowering");
+  }
+}
+
+// One lowering argument: a device view, a host operand (Python scalar, 0-d CPU tensor, RNG
+// state) or a constant that is part of the key.
+ArgPlan plan_argument(Planner& pl, Plan& plan, const NamedArg& a, int arg_index, int64_t rng_counters,
+                      const std::vector<at::Tensor>& outs) {
+  const auto src = static_cast<int16_t>(arg_index);
+  ArgPlan ap;
+  ap.name = a.name;
+  const c10::IValue& v = a.value;
+  if (a.hint == NamedArg::Hint::Ignore || (a.hint == NamedArg::Hint::Generator && rng_counters == 0)) {
+    ap.value.kind = Arg::Kind::None;  // (a call that draws nothing leaves its generator alone)
+  } else if (a.hint == NamedArg::Hint::Generator) {
+    plan_generator(pl, ap, v, src, rng_counters, outs);
+  } else if (v.isNone()) {
+    ap.value.kind = Arg::Kind::None;
+    plan.key += "N;";
+  } else if (v.isTensor()) {
+    plan_tensor(pl, plan, ap, v.toTensor(), src);
+  } else if (v.isTensorList() || (v.isList() && !v.isIntList() && !v.isDoubleList() && !is_bool_list(v))) {
+    plan_tensor_list(pl, plan, ap, v, src);
+  } else if (a.hint == NamedArg::Hint::Scalar) {
+    plan_scalar(pl, plan, ap, v.toScalar(), src);
+  } else {
+    plan_constant(plan, ap, a);
   }
   return ap;
 }
@@ -518,8 +461,7 @@ void run_lowering(const std::string& name, const std::string& overload,
   call.device = std::max(pl.device(), 0);
   call.plan = plan_ptr;
   runtime::ProgramPtr program;
-  execute_call(call, &program,
-               [&] { return compile_reason(plan.what, describe_call(all_args, outs), flatten); });
+  execute_call(call, &program, [&] { return compile_reason(plan.what, all_args, outs, flatten); });
   if (record) {
     record->plan = std::move(plan_ptr);
     record->program = std::move(program);
@@ -533,63 +475,6 @@ void execute_call(const runtime::Call& call, runtime::ProgramPtr* program, const
   } catch (const runtime::DeviceCheckError& e) {  // debug eager raises at the op
     throw_device_check(e.kind, e.what());
   }
-}
-
-runtime::HostOperand draw_rng_state(const std::optional<at::Generator>& g, int device, int64_t counters) {
-  at::Generator gen = g ? *g : default_generator(static_cast<c10::DeviceIndex>(device));
-  TORCH_CHECK(gen.device().type() == kTpu, "Expected a 'tpu' device type for generator but found '",
-              gen.device().str(), "'");
-  uint64_t seed, offset;
-  {
-    std::lock_guard<std::mutex> lock(gen.mutex());
-    std::tie(seed, offset) = gen.get<TpuGenerator>()->next(static_cast<uint64_t>(counters));
-  }
-  HostOperand h{};
-  h.elem = ElemType::U64;
-  h.dim0 = 2;
-  std::memcpy(h.bytes, &seed, 8);
-  std::memcpy(h.bytes + 8, &offset, 8);
-  return h;
-}
-
-std::optional<int64_t> small_int_scalar(const c10::Scalar& sc) {
-  if (sc.isFloatingPoint()) {
-    double d = sc.toDouble();
-    if (d == -1.0 || d == 0.0 || d == 1.0 || d == 2.0) {
-      if (d == 0.0 && std::signbit(d)) return std::nullopt;  // -0.0 stays an operand
-      return static_cast<int64_t>(d);
-    }
-  } else if (sc.isIntegral(false)) {
-    int64_t i = sc.toLong();
-    if (i >= -1 && i <= 2) return i;
-  }
-  return std::nullopt;
-}
-
-runtime::HostOperand host_operand(const c10::Scalar& sc) {
-  HostOperand h{};
-  if (sc.isFloatingPoint()) {
-    h.elem = ElemType::F64;
-    double v = sc.toDouble();
-    std::memcpy(h.bytes, &v, 8);
-  } else if (sc.isBoolean()) {
-    h.elem = ElemType::Pred;
-    h.bytes[0] = sc.toBool() ? 1 : 0;
-  } else if (sc.isIntegral(false)) {
-    h.elem = ElemType::S64;
-    int64_t v = sc.toLong();
-    std::memcpy(h.bytes, &v, 8);
-  } else {
-    throw lowering::Unsupported("complex scalars are not supported on tpu");
-  }
-  return h;
-}
-
-runtime::HostOperand host_operand(const at::Tensor& t) {
-  HostOperand h{};
-  h.elem = elem_of(t.scalar_type());
-  std::memcpy(h.bytes, t.data_ptr(), t.element_size());
-  return h;
 }
 
 }  // namespace tpu::aten

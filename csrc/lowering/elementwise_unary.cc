@@ -551,17 +551,6 @@ Value trigamma_impl(Builder& b, Value x) {
   return b.select(refl, b.neg(res), res);
 }
 
-// stablehlo.while: `cond` maps the state to an i1 scalar, `body` to the next state.
-std::vector<Value> while_loop(Builder& b, const std::vector<Value>& init,
-                              const std::function<Value(const std::vector<Value>&)>& cond,
-                              const std::function<std::vector<Value>(const std::vector<Value>&)>& body) {
-  std::vector<Type> types;
-  for (const Value& v : init) types.push_back(v.type);
-  std::string rc = b.region(types, [&](const std::vector<Value>& st) { return std::vector<Value>{cond(st)}; });
-  std::string rb = b.region(types, body);
-  return b.op_multi("while", init, types, "", rc + ", " + rb);
-}
-
 // q^-p for a positive integer p, by repeated products (std::pow's value for integer exponents,
 // also for negative q).
 Value pow_neg_int(Builder& b, Value q, int64_t p) {
@@ -586,8 +575,8 @@ Value zeta_int(Builder& b, int64_t p, Value q) {
   // q <= 0 integer (and -inf): a pole, +inf; marked converged so the loop skips it.
   Value pole = b.and_(le(b, q, like_const(b, 0, q)), eq(b, q, b.floor(q)));
   std::vector<Value> init{b.constant_i(0, I), q, pow_neg_int(b, q, p), like_const(b, 0, q), pole};
-  std::vector<Value> st = while_loop(
-      b, init,
+  std::vector<Value> st = b.while_loop(
+      init,
       [&](const std::vector<Value>& s) {
         return b.reduce(active(s), b.constant_i(0, P), all, "or");
       },

@@ -1,6 +1,7 @@
 #include "pjrt.h"
 
 #include <algorithm>
+#include <iterator>
 
 #include <dlfcn.h>
 
@@ -154,6 +155,20 @@ void Buffer::wait_ready() const {
   ev.wait();
 }
 
+bool Buffer::ready() const {
+  auto a = PJRT_ARGS(PJRT_Buffer_ReadyEvent_Args);
+  a.buffer = buf_;
+  api_->check(api_->raw()->PJRT_Buffer_ReadyEvent(&a), "PJRT_Buffer_ReadyEvent");
+  return Event(api_, a.event).ready();
+}
+
+bool Buffer::is_deleted() const {
+  auto a = PJRT_ARGS(PJRT_Buffer_IsDeleted_Args);
+  a.buffer = buf_;
+  api_->check(api_->raw()->PJRT_Buffer_IsDeleted(&a), "PJRT_Buffer_IsDeleted");
+  return a.is_deleted;
+}
+
 BufferPtr Buffer::copy_to_device(PJRT_Device* dev) const {
   auto a = PJRT_ARGS(PJRT_Buffer_CopyToDevice_Args);
   a.buffer = buf_;
@@ -218,9 +233,12 @@ std::vector<BufferPtr> Executable::execute(PJRT_Device* device,
   auto opts = PJRT_ARGS(PJRT_ExecuteOptions);
   opts.non_donatable_input_indices = non_donatable.data();
   opts.num_non_donatable_input_indices = non_donatable.size();
-  std::vector<PJRT_Buffer*> outs(num_outputs_, nullptr);
+  // Small programs dominate eager: their output list lives on the stack.
+  PJRT_Buffer* small[8] = {};
+  std::vector<PJRT_Buffer*> big;
+  if (num_outputs_ > std::size(small)) big.resize(num_outputs_, nullptr);
+  PJRT_Buffer** out_list = big.empty() ? small : big.data();
   PJRT_Buffer* const* arg_list = args.data();
-  PJRT_Buffer** out_list = outs.data();
   PJRT_Event* ev = nullptr;
   auto a = PJRT_ARGS(PJRT_LoadedExecutable_Execute_Args);
   a.executable = exe_;
@@ -234,8 +252,8 @@ std::vector<BufferPtr> Executable::execute(PJRT_Device* device,
   api_->check(api_->raw()->PJRT_LoadedExecutable_Execute(&a), "PJRT_LoadedExecutable_Execute");
   if (done) *done = std::make_unique<Event>(api_, ev);
   std::vector<BufferPtr> result;
-  result.reserve(outs.size());
-  for (PJRT_Buffer* b : outs) result.push_back(std::make_shared<Buffer>(api_, b));
+  result.reserve(num_outputs_);
+  for (size_t i = 0; i < num_outputs_; ++i) result.push_back(std::make_shared<Buffer>(api_, out_list[i]));
   return result;
 }
 

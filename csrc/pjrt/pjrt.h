@@ -79,6 +79,10 @@ class Buffer {
   ElementType element_type() const;
   // Waits until the buffer's producer finished (errors surface here).
   void wait_ready() const;
+  // Whether the producer finished (an error counts as finished: wait_ready raises it).
+  bool ready() const;
+  // Donated to a later launch (or deleted): its contents and ready event are gone.
+  bool is_deleted() const;
   std::shared_ptr<Buffer> copy_to_device(PJRT_Device* dev) const;
 
  private:

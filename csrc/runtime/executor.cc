@@ -22,8 +22,12 @@ DispatchStats& dispatch_stats() {
 }
 
 namespace {
-constexpr size_t kMaxInflight = 512;
-}
+// A completion event every kMilestoneEvery launches; more than kMaxMilestones pending ones and
+// the oldest is awaited (back-pressure: some 512 launches queued at most, as PJRT keeps its own
+// bounded queue as well).
+constexpr int64_t kMilestoneEvery = 256;
+constexpr size_t kMaxMilestones = 2;
+}  // namespace
 
 Executor& Executor::get() {
   static Executor* e = std::make_unique<Executor>().release();  // see Context::get
@@ -36,10 +40,13 @@ std::vector<pjrt::BufferPtr> Executor::launch(const pjrt::Executable& exe, int d
                                               const std::string& what) {
   Context& ctx = Context::get();
   prof::Range prof_range("launch", what);
+  const bool blocking = ctx.mode() == EagerMode::DeferNeverLaunchBlocking;
+  const int64_t n = launches_.fetch_add(1, std::memory_order_relaxed);
   std::unique_ptr<pjrt::Event> done;
-  auto outs = exe.execute(ctx.device(device), args, non_donatable, &done);
+  const bool want_event = blocking || exe.num_outputs() == 0 || n % kMilestoneEvery == 0;
+  auto outs = exe.execute(ctx.device(device), args, non_donatable, want_event ? &done : nullptr);
   prof::track_launch(prof_range, outs, device, what);
-  if (ctx.mode() == EagerMode::DeferNeverLaunchBlocking) {
+  if (blocking) {
     try {
       done->wait();
     } catch (const pjrt::Error& e) {
@@ -50,32 +57,51 @@ std::vector<pjrt::BufferPtr> Executor::launch(const pjrt::Executable& exe, int d
   std::unique_ptr<pjrt::Event> oldest;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    ++launches_;
-    inflight_.push_back(std::move(done));
-    while (!inflight_.empty() && inflight_.front()->ready()) inflight_.pop_front();
-    if (inflight_.size() > kMaxInflight) {
-      oldest = std::move(inflight_.front());
-      inflight_.pop_front();
+    if (!outs.empty()) {
+      outputs_.emplace_back(outs.front());
+      if (outputs_.size() >= prune_at_) {  // amortized: forget launches whose outputs died
+        std::erase_if(outputs_, [](const std::weak_ptr<pjrt::Buffer>& w) { return w.expired(); });
+        prune_at_ = std::max<size_t>(64, 2 * outputs_.size());
+      }
+    }
+    if (done) {
+      milestones_.push_back(std::move(done));
+      if (milestones_.size() > kMaxMilestones) {
+        oldest = std::move(milestones_.front());
+        milestones_.pop_front();
+      }
     }
   }
-  if (oldest) oldest->wait();  // back-pressure: never more than kMaxInflight launches queued
+  if (oldest) oldest->wait();
   return outs;
 }
 
 void Executor::synchronize() {
   prof::Range prof_range("synchronize");
-  std::deque<std::unique_ptr<pjrt::Event>> pending;
+  std::vector<std::weak_ptr<pjrt::Buffer>> outputs;
+  std::deque<std::unique_ptr<pjrt::Event>> milestones;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    pending.swap(inflight_);
+    outputs.swap(outputs_);
+    milestones.swap(milestones_);
+    prune_at_ = 64;
   }
-  for (auto& e : pending) e->wait();
+  for (auto& e : milestones) e->wait();
+  // Newest first: by the time it is ready most older ones are too, so their waits return at once.
+  for (auto it = outputs.rbegin(); it != outputs.rend(); ++it)
+    if (pjrt::BufferPtr b = it->lock(); b && !b->is_deleted()) b->wait_ready();
 }
 
 bool Executor::idle() {
   std::lock_guard<std::mutex> lock(mu_);
-  while (!inflight_.empty() && inflight_.front()->ready()) inflight_.pop_front();
-  return inflight_.empty();
+  while (!milestones_.empty() && milestones_.front()->ready()) milestones_.pop_front();
+  if (!milestones_.empty()) return false;
+  while (!outputs_.empty()) {
+    pjrt::BufferPtr b = outputs_.back().lock();
+    if (b && !b->is_deleted() && !b->ready()) return false;
+    outputs_.pop_back();
+  }
+  return true;
 }
 
 }  // namespace tpu::runtime
@@ -186,8 +212,8 @@ void run_strict(const Call& call, ProgramPtr* program, const MissReason& miss_re
 // DEFER_AND_FUSE: ops are recorded (their plans, plain values) instead of launched; the pending
 // program launches at sync points (host reads, synchronize, data-dependent ops, direct buffer
 // access, size limit). Recording builds no program text: every touched storage gets a pending
-// id, and the *trace key* (each op's key + which pending storages its slots are + the arguments
-// the trace reads) identifies the program. A repeated loop body hits the signature index and
+// id (kept in the storage itself), and the *trace key* (each op's interned key id + which pending
+// storages its slots are + the arguments the trace reads) identifies the program. A repeated loop body hits the signature index and
 // launches at once; only a new structure replays the plans through emit_op to build the text.
 struct TraceArg {  // a pending storage the trace reads before writing it: a program argument
   int id;
@@ -203,9 +229,9 @@ struct RecordedOp {
 struct Pending {
   std::recursive_mutex mu;
   int device = -1;
+  uint64_t epoch = 1;  // bumped by every flush: a storage's fused_id is valid while its epoch matches
   std::vector<RecordedOp> ops;
-  std::string key;                                // trace key so far
-  std::unordered_map<StorageState*, int> id_of;   // live pending storages
+  std::string key;                                // trace key so far (binary, see fused_record)
   std::vector<StorageState*> storage_of;          // id -> storage (null once it died)
   std::vector<shlo::ElemType> written_elem;       // id -> element type of its pending value
   std::vector<int> written;                       // ids in first-write order
@@ -219,6 +245,25 @@ constexpr size_t kMaxFusedOps = 512;
 Pending& pending() {
   static auto* p = std::make_unique<Pending>().release();
   return *p;
+}
+
+template <typename T>
+void append_bytes(std::string& key, T v) {
+  key.append(reinterpret_cast<const char*>(&v), sizeof v);
+}
+
+// A plan key's short name in trace keys: 8 bytes instead of its ~100 characters, remembered in the
+// plan. Ids are never reused (the table is dropped when large, a key seen again gets a new id), so
+// equal ids always mean equal keys. Called under Pending::mu.
+uint64_t plan_key_id(const Plan& plan) {
+  if (plan.trace_key_id) return plan.trace_key_id;
+  static auto* ids = std::make_unique<std::unordered_map<std::string, uint64_t>>().release();
+  static uint64_t next = 1;
+  if (ids->size() >= (size_t{1} << 16)) ids->clear();
+  auto [it, fresh] = ids->try_emplace(plan.key, next);
+  if (fresh) ++next;
+  plan.trace_key_id = it->second;
+  return it->second;
 }
 
 // Replays the recorded plans into one program: arguments in recording order, results = the
@@ -265,13 +310,12 @@ void flush_locked(Pending& p) {
   std::vector<int> targets;
   std::vector<StorageState*> target_states;
   std::string key = std::move(p.key);
-  key += "->";
+  key += '>';
   for (int id : p.written) {
     if (!p.storage_of[id]) continue;  // storage died before the flush: not a result
     targets.push_back(id);
     target_states.push_back(p.storage_of[id]);
-    key += std::to_string(id);
-    key += ',';
+    append_bytes(key, id);
   }
   int device = p.device;
   size_t n_ops = p.ops.size();
@@ -293,7 +337,7 @@ void flush_locked(Pending& p) {
   p.checks.clear();
   p.ops.clear();
   p.key.clear();
-  p.id_of.clear();
+  ++p.epoch;  // forgets every storage's pending id at once
   p.storage_of.clear();
   p.written_elem.clear();
   p.written.clear();
@@ -320,40 +364,45 @@ void flush_locked(Pending& p) {
   if (check) check->raise_if_due();
 }
 
+// The trace key, appended per op in binary (exact: every field has a fixed size, and a plan id
+// fixes its slot count): plan id; per slot its pending id and 'A' + element type + element count
+// (read before any pending write: a program argument), 'W' (first touched by a write) or '-'
+// (seen before); 'C' for a checked op; ';'.
 void fused_record(const Call& call) {
   const Plan& plan = *call.plan;
   Pending& p = pending();
   std::lock_guard<std::recursive_mutex> lock(p.mu);
   if (!p.ops.empty() && p.device != call.device) flush_locked(p);
   p.device = call.device;
+  if (p.key.empty()) p.key = "fused trace\n";  // never equal to an op's signature key
   RecordedOp op;
   op.ids.resize(plan.slots.size());
-  p.key += plan.key;
-  p.key += '#';
+  append_bytes(p.key, plan_key_id(plan));
   for (size_t i = 0; i < plan.slots.size(); ++i) {
     const Slot& s = plan.slots[i];
     StorageState* st = call.st[i];
-    auto [it, fresh] = p.id_of.try_emplace(st, static_cast<int>(p.storage_of.size()));
+    const bool fresh = st->fused_epoch != p.epoch;
     if (fresh) {
+      st->fused_epoch = p.epoch;
+      st->fused_id = static_cast<int>(p.storage_of.size());
       p.storage_of.push_back(st);
       p.written_elem.push_back(s.elem);
       p.is_written.push_back(false);
     }
-    int id = it->second;
+    const int id = st->fused_id;
     op.ids[i] = id;
-    p.key += std::to_string(id);
+    append_bytes(p.key, id);
     if (fresh && s.read) {  // read before any pending value: its current buffer is an argument
       ensure_buffer(*st, s.elem, s.numel);
       int64_t n = static_cast<int64_t>(st->nbytes) / elem_bytes(st->elem);
       p.args.push_back({id, st->elem, n});
       p.arg_bufs.push_back(st->buffer);
       p.key += 'A';
-      p.key += shlo::mlir_name(st->elem);
-      p.key += std::to_string(n);
-    } else if (fresh) {
-      p.key += 'W';  // first touched by a write: no argument
+      append_bytes(p.key, st->elem);
+      append_bytes(p.key, n);
+    } else {
+      p.key += fresh ? 'W' : '-';
     }
-    p.key += ',';
   }
   for (const HostOperand& h : call.host) p.arg_bufs.push_back(upload_host(h, call.device));
   for (size_t i = 0; i < plan.slots.size(); ++i) {
@@ -390,12 +439,13 @@ void fused_flush() {
 }
 
 void fused_forget(StorageState* st) {
+  // A dying storage is recorded by nobody else: its fused_epoch can be read without the lock.
+  if (st->fused_epoch == 0) return;  // never part of a fused program
   Pending& p = pending();
   std::lock_guard<std::recursive_mutex> lock(p.mu);
-  auto it = p.id_of.find(st);
-  if (it == p.id_of.end()) return;
-  p.storage_of[it->second] = nullptr;  // its pending value is no longer a result
-  p.id_of.erase(it);                    // the address may come back as a new storage
+  if (st->fused_epoch != p.epoch) return;  // not in the pending program
+  p.storage_of[st->fused_id] = nullptr;    // its pending value is no longer a result
+  st->fused_epoch = 0;
 }
 
 double raw_launch_floor_us(int iters) {

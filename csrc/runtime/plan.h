@@ -83,6 +83,9 @@ struct Plan {
   std::vector<ArgPlan> args;
   std::vector<TensorRef> outs;
   std::string key;
+  // Fused eager's short name for `key` in trace keys (0 until first recorded; set under the
+  // pending-program lock, runtime/executor.cc).
+  mutable uint64_t trace_key_id = 0;
 };
 
 // One call of a plan: the storage of each slot and the value of each host operand.

@@ -3,6 +3,7 @@
 // program so XLA updates in place). Lives as the DataPtr context of the storage.
 #pragma once
 #include <cstddef>
+#include <cstdint>
 #include <mutex>
 
 #include "pjrt/pjrt.h"
@@ -20,6 +21,10 @@ struct StorageState {
   std::mutex mu;              // guards buffer/elem swaps
   pjrt::BufferPtr buffer;     // null until the first write ("uninitialized memory")
   shlo::ElemType elem = shlo::ElemType::U8;  // element type of `buffer`
+  // Fused eager (runtime/executor.cc, under its pending-program lock): this storage's id in the
+  // pending program, valid while fused_epoch equals the program's epoch (0: never recorded).
+  int fused_id = -1;
+  uint64_t fused_epoch = 0;
 };
 
 }  // namespace tpu::runtime

@@ -185,6 +185,16 @@ std::string Builder::region(const std::vector<Type>& types,
   return r;
 }
 
+std::vector<Value> Builder::while_loop(const std::vector<Value>& init,
+                                       const std::function<Value(const std::vector<Value>&)>& cond,
+                                       const std::function<std::vector<Value>(const std::vector<Value>&)>& body) {
+  std::vector<Type> types;
+  for (const Value& v : init) types.push_back(v.type);
+  std::string rc = region(types, [&](const std::vector<Value>& st) { return std::vector<Value>{cond(st)}; });
+  std::string rb = region(types, body);
+  return op_multi("while", init, types, "", rc + ", " + rb);
+}
+
 // ------------------------------------------------------------------ constants
 namespace {
 std::string float_literal(double v, ElemType t) {

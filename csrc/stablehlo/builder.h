@@ -72,6 +72,11 @@ class Builder {
   // yield. Returns the region text for op_multi.
   std::string region(const std::vector<Type>& types,
                      const std::function<std::vector<Value>(const std::vector<Value>&)>& body);
+  // stablehlo.while: `cond` maps the loop state to an i1 scalar, `body` to the next state. The
+  // regions take everything through the state (nothing captured from above).
+  std::vector<Value> while_loop(const std::vector<Value>& init,
+                                const std::function<Value(const std::vector<Value>&)>& cond,
+                                const std::function<std::vector<Value>(const std::vector<Value>&)>& body);
 
   // ---- constants
   Value constant_f(double v, ElemType t, const Shape& shape = {});

@@ -1,0 +1,77 @@
+// Host operands of a plan (runtime::HostOperand): Python scalars, 0-d CPU tensors and a random
+// op's generator state, passed per call so new values never recompile.
+#include <ATen/core/Tensor.h>
+#include <c10/util/Exception.h>
+
+#include <cmath>
+#include <cstring>
+#include <mutex>
+#include <tuple>
+
+#include "common.h"
+#include "generator.h"
+#include "plan_call.h"
+
+namespace tpu::aten {
+
+using runtime::HostOperand;
+using shlo::ElemType;
+
+runtime::HostOperand draw_rng_state(const std::optional<at::Generator>& g, int device, int64_t counters) {
+  at::Generator gen = g ? *g : default_generator(static_cast<c10::DeviceIndex>(device));
+  TORCH_CHECK(gen.device().type() == kTpu, "Expected a 'tpu' device type for generator but found '",
+              gen.device().str(), "'");
+  uint64_t seed, offset;
+  {
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    std::tie(seed, offset) = gen.get<TpuGenerator>()->next(static_cast<uint64_t>(counters));
+  }
+  HostOperand h{};
+  h.elem = ElemType::U64;
+  h.dim0 = 2;
+  std::memcpy(h.bytes, &seed, 8);
+  std::memcpy(h.bytes + 8, &offset, 8);
+  return h;
+}
+
+std::optional<int64_t> small_int_scalar(const c10::Scalar& sc) {
+  if (sc.isFloatingPoint()) {
+    double d = sc.toDouble();
+    if (d == -1.0 || d == 0.0 || d == 1.0 || d == 2.0) {
+      if (d == 0.0 && std::signbit(d)) return std::nullopt;  // -0.0 stays an operand
+      return static_cast<int64_t>(d);
+    }
+  } else if (sc.isIntegral(false)) {
+    int64_t i = sc.toLong();
+    if (i >= -1 && i <= 2) return i;
+  }
+  return std::nullopt;
+}
+
+runtime::HostOperand host_operand(const c10::Scalar& sc) {
+  HostOperand h{};
+  if (sc.isFloatingPoint()) {
+    h.elem = ElemType::F64;
+    double v = sc.toDouble();
+    std::memcpy(h.bytes, &v, 8);
+  } else if (sc.isBoolean()) {
+    h.elem = ElemType::Pred;
+    h.bytes[0] = sc.toBool() ? 1 : 0;
+  } else if (sc.isIntegral(false)) {
+    h.elem = ElemType::S64;
+    int64_t v = sc.toLong();
+    std::memcpy(h.bytes, &v, 8);
+  } else {
+    throw lowering::Unsupported("complex scalars are not supported on tpu");
+  }
+  return h;
+}
+
+runtime::HostOperand host_operand(const at::Tensor& t) {
+  HostOperand h{};
+  h.elem = elem_of(t.scalar_type());
+  std::memcpy(h.bytes, t.data_ptr(), t.element_size());
+  return h;
+}
+
+}  // namespace tpu::aten
