@@ -48,7 +48,7 @@ def test_bucketed_ops_equal_cpu_and_reuse_programs(fused: bool) -> None:
     mode = torch_tpu.EagerMode.DEFER_AND_FUSE if fused else torch_tpu.EagerMode.DEFER_NEVER
     built = []
     with torch_tpu.set_eager_mode(mode):
-        for n in (5, 9, 13, 20):  # buckets 16, 16, 16, 32 (n + 1 after the cat)
+        for n in (5, 11, 20):  # buckets 16, 16, 32 (n + 1 after the cat)
             x, tail = torch.randn(1, n, 8), torch.randn(1, 1, 8)
             xd, wd, td = _dyn(x), w.to(TPU), tail.to(TPU)  # marking copies x once: one program per size
             torch_tpu.synchronize()
@@ -60,10 +60,10 @@ def test_bucketed_ops_equal_cpu_and_reuse_programs(fused: bool) -> None:
             for a, b in zip(got_cpu, _ops(x, w, tail), strict=True):
                 assert a.shape == b.shape
                 torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
-    # A second and third size in the same bucket build nothing new; the next bucket does (fused
-    # runs after strict and shares its bucketed programs, which are keyed by the padded graph).
-    assert built[1] == 0 and built[2] == 0, built
-    assert fused or built[3] > 0
+    # A second size in the same bucket builds nothing new; the next bucket does (fused runs after
+    # strict and shares its bucketed programs, which are keyed by the padded graph).
+    assert built[1] == 0, built
+    assert fused or built[2] > 0
     assert eager_dynamic.stats()["bucketed_calls"] > 0
 
 
@@ -137,7 +137,7 @@ def test_hf_generate_strict_eager_is_bucketed() -> None:
                                    vocab_size=64, intermediate_size=64, max_position_embeddings=128)
     model = transformers.LlamaForCausalLM(cfg).eval()
     ids = torch.randint(0, 64, (1, 5), generator=torch.Generator().manual_seed(1))
-    kw = {"max_new_tokens": 14, "min_new_tokens": 14, "do_sample": False}
+    kw = {"max_new_tokens": 12, "min_new_tokens": 12, "do_sample": False}
     ref = model.generate(ids, attention_mask=torch.ones_like(ids), **kw)
     model.to(TPU)
 
@@ -148,7 +148,7 @@ def test_hf_generate_strict_eager_is_bucketed() -> None:
         return model.generate(x, attention_mask=am, **kw).cpu()
 
     eager_dynamic.reset_stats()
-    assert torch.equal(gen(), ref)  # lengths 5 .. 19: buckets 16 and 32
+    assert torch.equal(gen(), ref)  # lengths 5 .. 17: buckets 16 and 32
     stats = eager_dynamic.stats()
     assert stats["bucketed_calls"] > 100, stats  # the KV cache, attention, positions all bucketed
     kinds = {b["graph"].split("[")[0] for b in torch_tpu.compile_stats()["dynamic"]}
