@@ -30,7 +30,7 @@ def _ops(x: torch.Tensor, w: torch.Tensor, tail: torch.Tensor) -> list[torch.Ten
     cumsum, views at the end, composites that must stay dynamic."""
     y = torch.cat([x, tail], dim=1) * 2 + 1                       # cat along the dynamic dim
     p = torch.softmax(y, dim=1)                                     # softmax over it
-    s = y.sum(1), y.mean(1), y.amax(1), y.amin(1)                   # reductions over it
+    s = y.sum(1), y.mean(1), y.amax(1), y.amin(1), y.max(), y.argmax(1), y.argmin(1)  # reductions
     c = torch.cumsum(y, dim=1)
     m = y.transpose(1, 2) @ y                                       # contraction over it: [1, 8, 8]
     lin = torch.nn.functional.linear(y, w)                          # per-row: stays dynamic
