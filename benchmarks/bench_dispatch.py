@@ -3,7 +3,8 @@ raw PJRT launch floor (a C++ loop launching + awaiting a cached 4-element add th
 measured in the same run), and fused eager's amortized cost per op on a 50 x (a * c + b) chain of
 16-element tensors ending in .item(). Also ops with tensor-list arguments and random ops (cat of
 two small tensors, _foreach_add_ over 8 tensors, dropout), which take the dispatch cache too;
-`--list-rng` times only those and prints them (no JSON written)."""
+`--list-rng` times only those, with the dispatch cache on and off in the same process, and
+prints them (no JSON written)."""
 
 from __future__ import annotations
 
@@ -196,6 +197,10 @@ def run() -> dict[str, Any]:
 
 if __name__ == "__main__":
     if "--list-rng" in sys.argv:
-        print(f"{NAME} (list/random ops only): {list_rng_summary(measure_list_rng())}")
+        for on in (True, False, True, False):
+            torch_tpu._C._set_dispatch_cache_enabled(on)
+            print(f"{NAME} list/random ops, dispatch cache {'on ' if on else 'off'}: "
+                  f"{list_rng_summary(measure_list_rng())}", flush=True)
+        torch_tpu._C._set_dispatch_cache_enabled(True)
     else:
         run()

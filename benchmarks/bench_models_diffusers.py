@@ -18,7 +18,8 @@ from torch_tpu import EagerMode, set_eager_mode
 NAME = "models_diffusers"
 WARMUP = 1
 REPEATS = int(os.environ.get("TORCH_TPU_BENCH_REPEATS", "3"))
-GOAL_MAX_RATIO = None  # the brief sets no goal: tpu/cpu ratios are reported as measured
+GOAL_MAX_RATIO = None  # strict-eager forward / train step: no goal, reported as measured
+GOAL_COMPILED_MAX_RATIO = 1.0  # issue 11: compiled forwards <= 1.0x PyTorch CPU eager
 
 
 class VaeRoundTrip(torch.nn.Module):
@@ -159,12 +160,17 @@ def bench_model(name: str) -> dict[str, Any]:
                          "tpu_train": train_t, "cpu_train_default_threads": train_c,
                          "cpu_train_1thread": one_thread(train_c)}, REPEATS)
     after, fb1 = torch_tpu.cache_stats(), sum(torch_tpu.fallback_stats().values())
-    # Fused / compiled forwards run on the trained weights: timed only (their numbers were checked above).
-    times.update(interleaved(modes, REPEATS))
+    # Fused / compiled forwards run on the trained weights: timed only (their numbers were checked
+    # above), interleaved with the one-thread CPU forward again so that their ratios compare calls
+    # made under the same load. The first group's CPU times come from between train steps and
+    # default-thread calls, whose OpenMP threads slow the next call on a shared 2-core machine
+    # (SD3 one-thread forward: 39 ms right after a default-thread call, 23 ms otherwise).
+    times.update(interleaved({**modes, "cpu_fwd_1thread_alongside": one_thread(fwd_c)}, REPEATS))
     ms = {k: median(v) * 1e3 for k, v in times.items()}
     # Ratios are against the faster CPU setting (default threads or one thread), never the slower.
     ms["cpu_fwd"] = min(ms["cpu_fwd_default_threads"], ms["cpu_fwd_1thread"])
     ms["cpu_train"] = min(ms["cpu_train_default_threads"], ms["cpu_train_1thread"])
+    ms["cpu_fwd_alongside"] = min(ms["cpu_fwd_default_threads"], ms["cpu_fwd_1thread_alongside"])
     return {
         "description": desc,
         "params": sum(p.numel() for p in model_cpu.parameters()),
@@ -174,8 +180,8 @@ def bench_model(name: str) -> dict[str, Any]:
         "ratio_train_tpu_over_cpu": ms["tpu_train"] / ms["cpu_train"],
         "forward_max_abs_diff_vs_cpu": err,
         "forward_max_abs_diff_vs_cpu_by_mode": mode_err,
-        "ratio_fused_fwd_tpu_over_cpu": ms["tpu_fused_fwd"] / ms["cpu_fwd"],
-        "ratio_compiled_fwd_tpu_over_cpu": ms["tpu_compiled_fwd"] / ms["cpu_fwd"],
+        "ratio_fused_fwd_tpu_over_cpu": ms["tpu_fused_fwd"] / ms["cpu_fwd_alongside"],
+        "ratio_compiled_fwd_tpu_over_cpu": ms["tpu_compiled_fwd"] / ms["cpu_fwd_alongside"],
         "host_syncs_per_forward": syncs_fwd,
         "compile_misses_during_timing": after["misses"] - before["misses"],
         "cpu_fallbacks_during_timing": fb1 - fb0,
@@ -191,7 +197,7 @@ def run() -> dict[str, Any]:
         ratios.append(ratio(f"{name} fwd tpu/cpu", r["ratio_fwd_tpu_over_cpu"], GOAL_MAX_RATIO, higher_is_better=False))
         ratios.append(ratio(f"{name} train tpu/cpu", r["ratio_train_tpu_over_cpu"], GOAL_MAX_RATIO,
                             higher_is_better=False))
-        ratios.append(ratio(f"{name} compiled fwd tpu/cpu", r["ratio_compiled_fwd_tpu_over_cpu"], GOAL_MAX_RATIO,
+        ratios.append(ratio(f"{name} compiled fwd tpu/cpu", r["ratio_compiled_fwd_tpu_over_cpu"], GOAL_COMPILED_MAX_RATIO,
                             higher_is_better=False))
     for name, r in models.items():
         print(f"  {name}: fwd tpu {r['ms']['tpu_fwd']:.1f} ms / cpu {r['ms']['cpu_fwd']:.1f} ms "
@@ -206,7 +212,8 @@ def run() -> dict[str, Any]:
         "description": "diffusers models, strict eager tpu vs CPU eager: forward (eval, no_grad) and one "
                        "AdamW train step (MSE to zeros), each call synchronized; medians; CPU = the faster of default "
                        "threads and one thread. Also the tpu forward "
-                       "in fused eager and under torch.compile(backend='tpu').",
+                       "in fused eager and under torch.compile(backend='tpu'), timed interleaved with the one-thread CPU "
+                       "forward; their ratios use cpu_fwd_alongside = the faster of that and default threads.",
         "warmup": WARMUP,
         "repeats": REPEATS,
         "models": models,

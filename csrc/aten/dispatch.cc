@@ -53,7 +53,7 @@ bool run_lowered(const c10::OperatorHandle& op, const OpInfo& info, torch::jit::
   if (!mr) return false;
 
   std::optional<CallSignature> sig;
-  if (info.cacheable) sig.emplace(info, args);
+  if (info.cacheable && dispatch_cache_enabled()) sig.emplace(info, args);
   c10::DeviceGuard guard(c10::Device(kTpu, static_cast<c10::DeviceIndex>(device)));
   std::vector<at::Tensor> outs = allocate_outputs(schema, args, *mr, list_result, device);
   append_mutated_args(entry, schema, args, outs);
@@ -136,7 +136,7 @@ void tpu_boxed_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet, torch:
     return;
   }
   if (const lowering::OpEntry* entry = info.entry) {
-    if (info.cacheable) {
+    if (info.cacheable && dispatch_cache_enabled()) {
       CallSignature sig(info, torch::jit::last(*stack, op.schema().arguments().size()));
       if (sig.valid()) {
         if (auto hit = find_cached_call(sig)) {

@@ -167,6 +167,7 @@ uint64_t CallSignature::hash() const {
 
 namespace {
 std::atomic<int64_t> hits{0}, remembered{0};
+std::atomic<bool> enabled{true};
 std::shared_mutex table_mu;
 std::unordered_map<uint64_t, std::shared_ptr<const CachedCall>>& table() {
   static auto* t = std::make_unique<std::unordered_map<uint64_t, std::shared_ptr<const CachedCall>>>().release();
@@ -205,6 +206,9 @@ void remember_call(const CallSignature& sig, std::shared_ptr<const MetaResult> m
   if (table().size() >= kMaxEntries) table().clear();
   table()[sig.hash()] = std::move(c);  // a hash collision replaces the older signature
 }
+
+void set_dispatch_cache_enabled(bool on) { enabled.store(on, std::memory_order_relaxed); }
+bool dispatch_cache_enabled() { return enabled.load(std::memory_order_relaxed); }
 
 DispatchCacheStats dispatch_cache_stats() {
   DispatchCacheStats s;

@@ -56,6 +56,10 @@ struct CachedCall {
 
 std::shared_ptr<const CachedCall> find_cached_call(const CallSignature& sig);
 
+// Off: every call takes the full path (benchmarks compare both in one process).
+void set_dispatch_cache_enabled(bool on);
+bool dispatch_cache_enabled();
+
 // Calls served from the cache, calls remembered by the full path, signatures held now.
 struct DispatchCacheStats {
   int64_t hits = 0, remembered = 0, entries = 0;

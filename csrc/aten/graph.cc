@@ -6,11 +6,11 @@
 #include <torch/library.h>
 
 #include <algorithm>
+#include <cstring>
 #include <memory>
 #include <mutex>
 #include <optional>
 #include <unordered_map>
-#include <unordered_set>
 
 #include <ATen/ops/empty.h>
 #include <ATen/ops/empty_strided.h>
@@ -18,7 +18,6 @@
 
 #include "common.h"
 #include "plan_call.h"
-#include "generator.h"
 #include "lowering/lowering.h"
 #include "runtime/compile_cache.h"
 #include "runtime/context.h"
@@ -29,6 +28,7 @@
 namespace tpu::aten {
 
 using lowering::Arg;
+using shlo::Builder;
 using shlo::ElemType;
 using shlo::Type;
 using shlo::Value;
@@ -95,6 +95,34 @@ std::vector<std::string> unsupported_ops(const GraphDesc& desc) {
 
 namespace {
 
+// A graph argument as the lowering reads it: values by id, Python numbers as constants.
+Arg lowering_arg(Builder& b, const GraphArg& arg, const std::unordered_map<int64_t, Value>& vals) {
+  Arg a;
+  switch (arg.kind) {
+    case ArgKind::None: a.kind = Arg::Kind::None; break;
+    case ArgKind::Tensor: a.kind = Arg::Kind::Tensor; a.tensor = vals.at(arg.value_ids[0]); break;
+    case ArgKind::TensorList:
+    case ArgKind::OptionalTensorList:
+      a.kind = arg.kind == ArgKind::TensorList ? Arg::Kind::TensorList : Arg::Kind::OptTensorList;
+      for (int64_t id : arg.value_ids) {
+        if (id < 0) a.tensors.push_back(std::nullopt);
+        else a.tensors.push_back(vals.at(id));
+      }
+      break;
+    case ArgKind::NumberValue: a.kind = Arg::Kind::Scalar; a.scalar = vals.at(arg.value_ids[0]); break;
+    case ArgKind::FloatScalar: a.kind = Arg::Kind::Scalar; a.scalar = b.constant_f(arg.double_value, ElemType::F64); break;
+    case ArgKind::IntScalar: a.kind = Arg::Kind::Scalar; a.scalar = b.constant_i(arg.int_value, ElemType::S64); break;
+    case ArgKind::BoolScalar: a.kind = Arg::Kind::Scalar; a.scalar = b.constant_i(arg.int_value, ElemType::Pred); break;
+    case ArgKind::Int: a.kind = Arg::Kind::Int; a.i = arg.int_value; break;
+    case ArgKind::IntList: a.kind = Arg::Kind::IntList; a.ints = arg.ints; break;
+    case ArgKind::Double: a.kind = Arg::Kind::Double; a.d = arg.double_value; break;
+    case ArgKind::Bool: a.kind = Arg::Kind::Bool; a.b = arg.int_value != 0; break;
+    case ArgKind::String: a.kind = Arg::Kind::String; a.s = arg.string_value; break;
+    case ArgKind::DType: a.kind = Arg::Kind::DType; a.dtype = elem_of(static_cast<c10::ScalarType>(arg.int_value)); break;
+  }
+  return a;
+}
+
 // Eager grouped-GEMM kernels tell the lowering that the weight is column-major from its strides
 // (aten/explicit_kernels.cc); graphs have no strides, but the weight is then a transpose node:
 // true when `node` swaps the last two dims of a 3-D value (Transformers' weight.transpose(-2, -1)).
@@ -114,91 +142,81 @@ bool swaps_last_two_dims(const GraphNode& node, const std::unordered_map<int64_t
   return d.size() == 3 && norm(d[0]) == 0 && norm(d[1]) == 2 && norm(d[2]) == 1;
 }
 
-// The program text; `out_numel` gets the storage elements of each output buffer.
-std::string graph_module(const GraphDesc& desc, std::vector<int64_t>& out_numel,
-                         std::vector<runtime::CheckSource>* checks = nullptr) {
-  shlo::Builder b;
-  b.set_precision(desc.precision < 0 ? matmul_precision() : static_cast<shlo::Precision>(desc.precision));
-  std::unordered_map<int64_t, Value> vals;
-  for (size_t i = 0; i < desc.inputs.size(); ++i)
-    vals[static_cast<int64_t>(i)] = b.arg(Type{elem_of(static_cast<c10::ScalarType>(desc.inputs[i].dtype)), desc.inputs[i].sizes});
-  std::unordered_set<int64_t> col_major;  // value ids of transposed 3-D values (weight views)
-  for (size_t node_index = 0; node_index < desc.nodes.size(); ++node_index) {
-    const GraphNode& node = desc.nodes[node_index];
-    if (!node.out_ids.empty() && swaps_last_two_dims(node, vals)) col_major.insert(node.out_ids[0]);
-    const lowering::OpEntry* entry = lowering::find_op(node.op);
-    TORCH_CHECK(entry, "torch_tpu: no lowering for aten::", node.op, " in the compiled graph");
-    lowering::OpCall call;
-    call.name = node.op;
-    call.overload = node.overload;
-    call.common = elem_of(common_dtype(node, vals));
-    for (const GraphArg& arg : node.args) {
-      Arg a;
-      switch (arg.kind) {
-        case ArgKind::None: a.kind = Arg::Kind::None; break;
-        case ArgKind::Tensor: a.kind = Arg::Kind::Tensor; a.tensor = vals.at(arg.value_ids[0]); break;
-        case ArgKind::TensorList:
-        case ArgKind::OptionalTensorList:
-          a.kind = arg.kind == ArgKind::TensorList ? Arg::Kind::TensorList : Arg::Kind::OptTensorList;
-          for (int64_t id : arg.value_ids) {
-            if (id < 0) a.tensors.push_back(std::nullopt);
-            else a.tensors.push_back(vals.at(id));
-          }
-          break;
-        case ArgKind::NumberValue: a.kind = Arg::Kind::Scalar; a.scalar = vals.at(arg.value_ids[0]); break;
-        case ArgKind::FloatScalar: a.kind = Arg::Kind::Scalar; a.scalar = b.constant_f(arg.double_value, ElemType::F64); break;
-        case ArgKind::IntScalar: a.kind = Arg::Kind::Scalar; a.scalar = b.constant_i(arg.int_value, ElemType::S64); break;
-        case ArgKind::BoolScalar: a.kind = Arg::Kind::Scalar; a.scalar = b.constant_i(arg.int_value, ElemType::Pred); break;
-        case ArgKind::Int: a.kind = Arg::Kind::Int; a.i = arg.int_value; break;
-        case ArgKind::IntList: a.kind = Arg::Kind::IntList; a.ints = arg.ints; break;
-        case ArgKind::Double: a.kind = Arg::Kind::Double; a.d = arg.double_value; break;
-        case ArgKind::Bool: a.kind = Arg::Kind::Bool; a.b = arg.int_value != 0; break;
-        case ArgKind::String: a.kind = Arg::Kind::String; a.s = arg.string_value; break;
-        case ArgKind::DType: a.kind = Arg::Kind::DType; a.dtype = elem_of(static_cast<c10::ScalarType>(arg.int_value)); break;
-      }
-      call.args.emplace_back(arg.name, std::move(a));
-      // The column-major layout hint of the grouped GEMMs' weight (see swaps_last_two_dims).
-      if (arg.kind == ArgKind::Tensor && col_major.count(arg.value_ids[0]) &&
-          ((node.op == "_grouped_mm" && arg.name == "mat2") || (node.op == "ragged_dot" && arg.name == "rhs"))) {
+// The column-major hint ("mat2_col_major" / "rhs_col_major") for the weight of a grouped GEMM
+// node whose weight value an earlier transpose node produced.
+void add_layout_hint(const GraphDesc& desc, size_t node_index, const std::unordered_map<int64_t, Value>& vals,
+                     lowering::OpCall& call) {
+  const GraphNode& node = desc.nodes[node_index];
+  const char* weight = node.op == "_grouped_mm" ? "mat2" : node.op == "ragged_dot" ? "rhs" : nullptr;
+  if (!weight) return;
+  for (const GraphArg& arg : node.args) {
+    if (arg.name != weight || arg.kind != ArgKind::Tensor) continue;
+    const int64_t id = arg.value_ids[0];
+    for (size_t j = node_index; j-- > 0;) {
+      const GraphNode& p = desc.nodes[j];
+      if (p.out_ids.empty() || p.out_ids[0] != id) continue;
+      if (swaps_last_two_dims(p, vals)) {
         Arg hint;
         hint.kind = Arg::Kind::Bool;
         hint.b = true;
-        call.args.emplace_back(node.op == "ragged_dot" ? "rhs_col_major" : "mat2_col_major", std::move(hint));
+        call.args.emplace_back(std::string(weight) + "_col_major", std::move(hint));
       }
-    }
-    for (const TensorType& t : node.out_types)
-      call.outs.push_back(Type{t.dtype < 0 ? ElemType::F32 : elem_of(static_cast<c10::ScalarType>(t.dtype)), t.sizes});
-    std::vector<Value> res;
-    // Empty results hold no data: zeros of the right type (lowerings need not handle 0-size reads).
-    bool all_empty = !call.outs.empty();
-    for (size_t i = 0; i < call.outs.size(); ++i)
-      all_empty &= node.out_types[i].dtype >= 0 && call.outs[i].numel() == 0;
-    if (all_empty) {
-      for (const Type& t : call.outs) res.push_back(b.zeros(t));
-    } else {
-      try {
-        size_t ncodes = b.error_codes().size();
-        b.set_checking(checks && !desc.plain_outputs && entry->checked && runtime::device_checks());
-        res = entry->fn(b, call);
-        b.set_checking(false);
-        for (size_t k = ncodes; k < b.error_codes().size(); ++k)
-          checks->push_back({b.error_codes()[k], "aten::" + node.op + " in graph " + desc.name, {}});
-      } catch (const lowering::Unsupported& e) {
-        // The Python backend parses "graph node <i>" and runs that node outside the compiled pieces.
-        throw lowering::Unsupported("torch_tpu: graph node " + std::to_string(node_index) +
-                                    " unsupported (aten::" + node.op + "): " + e.what());
-      }
-    }
-    TORCH_CHECK(res.size() >= node.out_ids.size() || node.out_ids.empty(),
-                "torch_tpu: lowering of ", node.op, " returned too few values");
-    for (size_t i = 0; i < node.out_ids.size(); ++i) {
-      if (node.out_ids[i] < 0) continue;
-      const Type& ot = call.outs[i];
-      Value v = b.convert(res[i], ot.elem);
-      if (v.shape() != ot.shape) v = b.reshape(v, ot.shape);
-      vals[node.out_ids[i]] = v;
+      return;
     }
   }
+}
+
+// Lowers one node into `b`: its results become values `node.out_ids` (converted to the meta
+// dtype and shape). Device-side checks it records are appended to `checks` (when given).
+void lower_node(Builder& b, const GraphDesc& desc, size_t node_index, std::unordered_map<int64_t, Value>& vals,
+                std::vector<runtime::CheckSource>* checks) {
+  const GraphNode& node = desc.nodes[node_index];
+  const lowering::OpEntry* entry = lowering::find_op(node.op);
+  TORCH_CHECK(entry, "torch_tpu: no lowering for aten::", node.op, " in the compiled graph");
+  lowering::OpCall call;
+  call.name = node.op;
+  call.overload = node.overload;
+  call.common = elem_of(common_dtype(node, vals));
+  for (const GraphArg& arg : node.args) call.args.emplace_back(arg.name, lowering_arg(b, arg, vals));
+  add_layout_hint(desc, node_index, vals, call);
+  for (const TensorType& t : node.out_types)
+    call.outs.push_back(Type{t.dtype < 0 ? ElemType::F32 : elem_of(static_cast<c10::ScalarType>(t.dtype)), t.sizes});
+  std::vector<Value> res;
+  // Empty results hold no data: zeros of the right type (lowerings need not handle 0-size reads).
+  bool all_empty = !call.outs.empty();
+  for (size_t i = 0; i < call.outs.size(); ++i)
+    all_empty &= node.out_types[i].dtype >= 0 && call.outs[i].numel() == 0;
+  if (all_empty) {
+    for (const Type& t : call.outs) res.push_back(b.zeros(t));
+  } else {
+    try {
+      size_t ncodes = b.error_codes().size();
+      b.set_checking(checks && !desc.plain_outputs && entry->checked && runtime::device_checks());
+      res = entry->fn(b, call);
+      b.set_checking(false);
+      for (size_t k = ncodes; k < b.error_codes().size(); ++k)
+        checks->push_back({b.error_codes()[k], "aten::" + node.op + " in graph " + desc.name, {}});
+    } catch (const lowering::Unsupported& e) {
+      // The Python backend parses "graph node <i>" and runs that node outside the compiled pieces.
+      throw lowering::Unsupported("torch_tpu: graph node " + std::to_string(node_index) +
+                                  " unsupported (aten::" + node.op + "): " + e.what());
+    }
+  }
+  TORCH_CHECK(res.size() >= node.out_ids.size() || node.out_ids.empty(),
+              "torch_tpu: lowering of ", node.op, " returned too few values");
+  for (size_t i = 0; i < node.out_ids.size(); ++i) {
+    if (node.out_ids[i] < 0) continue;
+    const Type& ot = call.outs[i];
+    Value v = b.convert(res[i], ot.elem);
+    if (v.shape() != ot.shape) v = b.reshape(v, ot.shape);
+    vals[node.out_ids[i]] = v;
+  }
+}
+
+// The program's results: graph outputs written into storages of their FX strides (shaped values
+// for export), then aot's input mutations (aliased to their inputs: donated), then the status.
+std::vector<Value> graph_results(Builder& b, const GraphDesc& desc, const std::unordered_map<int64_t, Value>& vals,
+                                 std::vector<int64_t>& out_numel) {
   std::vector<Value> results;
   for (size_t i = 0; i < desc.outputs.size(); ++i) {
     const TensorType& t = desc.output_types[i];
@@ -227,7 +245,19 @@ std::string graph_module(const GraphDesc& desc, std::vector<int64_t>& out_numel,
     b.alias(b.num_args() - 1, static_cast<int>(results.size()));
     results.push_back(b.fold_status(status));
   }
-  return b.module(results);
+  return results;
+}
+
+// The program text; `out_numel` gets the storage elements of each output buffer.
+std::string graph_module(const GraphDesc& desc, std::vector<int64_t>& out_numel,
+                         std::vector<runtime::CheckSource>* checks = nullptr) {
+  shlo::Builder b;
+  b.set_precision(desc.precision < 0 ? matmul_precision() : static_cast<shlo::Precision>(desc.precision));
+  std::unordered_map<int64_t, Value> vals;
+  for (size_t i = 0; i < desc.inputs.size(); ++i)
+    vals[static_cast<int64_t>(i)] = b.arg(Type{elem_of(static_cast<c10::ScalarType>(desc.inputs[i].dtype)), desc.inputs[i].sizes});
+  for (size_t node_index = 0; node_index < desc.nodes.size(); ++node_index) lower_node(b, desc, node_index, vals, checks);
+  return b.module(graph_results(b, desc, vals, out_numel));
 }
 
 }  // namespace
@@ -256,51 +286,44 @@ int64_t build_graph(const GraphDesc& desc) {
 
 namespace {
 
-std::vector<at::Tensor> run_graph(int64_t id, at::TensorList given) {
-  fused_flush();  // inputs may have pending fused values
-  std::shared_ptr<Graph> g;
-  {
-    std::lock_guard<std::mutex> lock(graphs_mu);
-    TORCH_CHECK(id >= 0 && id < static_cast<int64_t>(graphs().size()), "torch_tpu: unknown graph ", id);
-    g = graphs()[id];
-  }
-  const GraphDesc& d = g->desc;
-  TORCH_CHECK(given.size() + d.rng.size() == d.inputs.size(), "torch_tpu: graph expects ",
-              d.inputs.size() - d.rng.size(), " inputs, got ", given.size());
-  int device = -1;
-  for (const at::Tensor& t : given)
-    if (t.device().type() == kTpu) { device = t.device().index(); break; }
-  if (device < 0) device = 0;
-  // Random ops' generator states, drawn in graph order as eager draws them op by op.
+// The inputs after the given ones: each random op's generator state (u64[2] on the host), drawn
+// in graph order as eager draws them op by op (draw_rng_state, the eager path's draw).
+std::vector<at::Tensor> with_generator_states(const GraphDesc& d, at::TensorList given, int device) {
   std::vector<at::Tensor> inputs(given.begin(), given.end());
-  if (!d.rng.empty()) {
-    at::Generator gen = default_generator(static_cast<c10::DeviceIndex>(device));
-    std::lock_guard<std::mutex> lock(gen.mutex());
-    for (const auto& [input, increment] : d.rng) {
-      TORCH_CHECK(input == static_cast<int64_t>(inputs.size()), "torch_tpu: generator inputs come last");
-      auto [seed, offset] = gen.get<TpuGenerator>()->next(static_cast<uint64_t>(increment));
-      at::Tensor s = at::empty({2}, at::TensorOptions().dtype(at::kUInt64));
-      s.data_ptr<uint64_t>()[0] = seed;
-      s.data_ptr<uint64_t>()[1] = offset;
-      inputs.push_back(s);
-    }
+  for (const auto& [input, counters] : d.rng) {
+    TORCH_CHECK(input == static_cast<int64_t>(inputs.size()), "torch_tpu: generator inputs come last");
+    runtime::HostOperand state = draw_rng_state(std::nullopt, device, counters);
+    at::Tensor s = at::empty({2}, at::TensorOptions().dtype(at::kUInt64));
+    std::memcpy(s.data_ptr(), state.bytes, 16);
+    inputs.push_back(s);
   }
-  auto& ctx = runtime::Context::get();
+  return inputs;
+}
+
+struct StagedInputs {
   std::vector<at::Tensor> staged;  // keeps copies alive through the launch
   std::vector<pjrt::BufferPtr> keep;
   std::vector<PJRT_Buffer*> args;
-  std::vector<const void*> storages;
   std::vector<int64_t> non_donatable;
+};
+
+// The program's argument buffers: whole tpu storages as they are, strided views and dtype
+// changes staged into contiguous copies, host scalars uploaded. Only mutated inputs whose storage
+// appears once may be donated.
+StagedInputs stage_inputs(const GraphDesc& d, const std::vector<at::Tensor>& inputs, size_t num_given, int device) {
+  auto& ctx = runtime::Context::get();
+  StagedInputs in;
+  std::vector<const void*> storages;
   for (size_t i = 0; i < inputs.size(); ++i) {
     at::Tensor t = inputs[i];
     ElemType e = elem_of(static_cast<c10::ScalarType>(d.inputs[i].dtype));
     if (t.device().type() != kTpu) {
-      TORCH_CHECK(t.dim() == 0 || i >= given.size(), "torch_tpu: compiled graph input ", i, " is on ",
+      TORCH_CHECK(t.dim() == 0 || i >= num_given, "torch_tpu: compiled graph input ", i, " is on ",
                   t.device(), "; move it to tpu");
       at::Tensor h = t.to(scalar_of(e)).contiguous();
-      keep.push_back(ctx.client().from_host(h.data_ptr(), pjrt_of(e), h.sizes().vec(), ctx.device(device)));
-      args.push_back(keep.back()->raw());
-      non_donatable.push_back(static_cast<int64_t>(i));
+      in.keep.push_back(ctx.client().from_host(h.data_ptr(), pjrt_of(e), h.sizes().vec(), ctx.device(device)));
+      in.args.push_back(in.keep.back()->raw());
+      in.non_donatable.push_back(static_cast<int64_t>(i));
       continue;
     }
     TORCH_CHECK(t.device().index() == device, "Expected all tensors to be on the same device, but found "
@@ -314,38 +337,33 @@ std::vector<at::Tensor> run_graph(int64_t id, at::TensorList given) {
       at::Tensor c = at::empty(t.sizes(), t.options().dtype(scalar_of(e)));
       copy_into(c, t);
       fused_flush();  // the staged buffer is passed below
-      staged.push_back(c);
+      in.staged.push_back(c);
       st = &state_of(c);
     }
     for (const void* s : storages)
-      if (s == st) non_donatable.push_back(static_cast<int64_t>(i));
+      if (s == st) in.non_donatable.push_back(static_cast<int64_t>(i));
     storages.push_back(st);
-    args.push_back(st->buffer->raw());
+    in.args.push_back(st->buffer->raw());
   }
   // Inputs that are not mutated must never be donated.
   for (size_t i = 0; i < inputs.size(); ++i) {
     bool mutated = false;
     for (const auto& m : d.mutations) mutated |= m.first == static_cast<int64_t>(i);
-    if (!mutated) non_donatable.push_back(static_cast<int64_t>(i));
+    if (!mutated) in.non_donatable.push_back(static_cast<int64_t>(i));
   }
-  std::vector<runtime::CheckSource> sources;  // captured before the status lock (the capture takes the GIL)
-  std::optional<runtime::CheckedLaunch> check;
-  if (!g->checks.empty()) {
-    sources = g->checks;
-    runtime::LaunchSite site = runtime::capture_site();  // the line calling the compiled code
-    for (auto& s : sources) s.site = site;
-    check.emplace(device);
-    args.push_back(check->status_arg());
-  }
-  auto results = runtime::Executor::get().launch(*g->exe, device, args, non_donatable, "graph " + d.name);
-  if (check) check->done(results.back(), std::move(sources));
+  return in;
+}
+
+// The graph outputs as tensors of their FX strides, holding the result buffers.
+std::vector<at::Tensor> output_tensors(const Graph& g, const std::vector<pjrt::BufferPtr>& results, int device) {
+  const GraphDesc& d = g.desc;
   c10::DeviceGuard guard(c10::Device(kTpu, static_cast<c10::DeviceIndex>(device)));
   std::vector<at::Tensor> outs;
   for (size_t i = 0; i < d.outputs.size(); ++i) {
     const TensorType& t = d.output_types[i];
     at::ScalarType st = static_cast<c10::ScalarType>(t.dtype);
     at::Tensor o = at::empty_strided(t.sizes, t.strides, at::TensorOptions().dtype(st).device(c10::Device(kTpu, device)));
-    if (g->out_numel[i] > 0) {
+    if (g.out_numel[i] > 0) {
       runtime::StorageState& s = state_of(o);
       std::lock_guard<std::mutex> lock(s.mu);
       s.buffer = results[i];
@@ -353,6 +371,13 @@ std::vector<at::Tensor> run_graph(int64_t id, at::TensorList given) {
     }
     outs.push_back(o);
   }
+  return outs;
+}
+
+// aot's input mutations: the result buffer becomes the input's storage (whole tensors) or is
+// written through copy_ (strided views, CPU scalar inputs).
+void write_back_mutations(const GraphDesc& d, const std::vector<at::Tensor>& inputs,
+                          const std::vector<pjrt::BufferPtr>& results, int device) {
   for (size_t k = 0; k < d.mutations.size(); ++k) {
     const at::Tensor& t = inputs[d.mutations[k].first];
     const pjrt::BufferPtr& buf = results[d.outputs.size() + k];
@@ -378,6 +403,38 @@ std::vector<at::Tensor> run_graph(int64_t id, at::TensorList given) {
     copy_into(t, tmp);
     fused_flush();
   }
+}
+
+std::vector<at::Tensor> run_graph(int64_t id, at::TensorList given) {
+  fused_flush();  // inputs may have pending fused values
+  std::shared_ptr<Graph> g;
+  {
+    std::lock_guard<std::mutex> lock(graphs_mu);
+    TORCH_CHECK(id >= 0 && id < static_cast<int64_t>(graphs().size()), "torch_tpu: unknown graph ", id);
+    g = graphs()[id];
+  }
+  const GraphDesc& d = g->desc;
+  TORCH_CHECK(given.size() + d.rng.size() == d.inputs.size(), "torch_tpu: graph expects ",
+              d.inputs.size() - d.rng.size(), " inputs, got ", given.size());
+  int device = -1;
+  for (const at::Tensor& t : given)
+    if (t.device().type() == kTpu) { device = t.device().index(); break; }
+  if (device < 0) device = 0;
+  std::vector<at::Tensor> inputs = with_generator_states(d, given, device);
+  StagedInputs in = stage_inputs(d, inputs, given.size(), device);
+  std::vector<runtime::CheckSource> sources;  // captured before the status lock (the capture takes the GIL)
+  std::optional<runtime::CheckedLaunch> check;
+  if (!g->checks.empty()) {
+    sources = g->checks;
+    runtime::LaunchSite site = runtime::capture_site();  // the line calling the compiled code
+    for (auto& s : sources) s.site = site;
+    check.emplace(device);
+    in.args.push_back(check->status_arg());
+  }
+  auto results = runtime::Executor::get().launch(*g->exe, device, in.args, in.non_donatable, "graph " + d.name);
+  if (check) check->done(results.back(), std::move(sources));
+  std::vector<at::Tensor> outs = output_tensors(*g, results, device);
+  write_back_mutations(d, inputs, results, device);
   if (check) {
     try {
       check->raise_if_due();

@@ -217,8 +217,29 @@ std::string format_python_site(const tpu::runtime::LaunchSite& s) {
 }
 }  // namespace
 
+// What eager dispatch decided, for compiled graphs and tests: the RNG rule, dispatch cache hits.
+void bind_dispatch_queries(py::module_& m) {
+  // Philox counters a compiled call consumes, by the rule eager follows (lowering::rng_counters);
+  // None when the op has no lowering.
+  m.def("_rng_counters", [](const std::string& op, const std::unordered_map<std::string, double>& constants,
+                            int64_t largest_numel) -> std::optional<int64_t> {
+    const tpu::lowering::OpEntry* entry = tpu::lowering::find_op(op);
+    if (!entry) return std::nullopt;
+    return tpu::lowering::rng_counters(*entry, [&](const std::string& name) -> std::optional<double> {
+      auto it = constants.find(name);
+      return it == constants.end() ? std::nullopt : std::optional<double>(it->second);
+    }, largest_numel);
+  });
+  m.def("_set_dispatch_cache_enabled", &tpu::aten::set_dispatch_cache_enabled);
+  m.def("_dispatch_cache_stats", [] {
+    auto s = tpu::aten::dispatch_cache_stats();
+    return std::unordered_map<std::string, int64_t>{{"hits", s.hits}, {"remembered", s.remembered}, {"entries", s.entries}};
+  });
+}
+
 PYBIND11_MODULE(_C, m) {
   bind_graph_schema(m);
+  bind_dispatch_queries(m);
   tpu::runtime::set_site_provider({&capture_python_site, &format_python_site});
   m.def("_set_device_checks", [](bool on) { tpu::runtime::set_device_checks(on); });
   m.def("_device_checks", [] { return tpu::runtime::device_checks(); });
@@ -342,21 +363,6 @@ PYBIND11_MODULE(_C, m) {
   m.def("_graph_text", [](const py::dict& d) { return tpu::aten::graph_text(graph_desc(d)); });
   m.def("_graph_unsupported", [](const py::dict& d) { return tpu::aten::unsupported_ops(graph_desc(d)); });
   m.def("_lowered_ops", [] { return tpu::lowering::registered_ops(); });
-  m.def("_dispatch_cache_stats", [] {
-    auto s = tpu::aten::dispatch_cache_stats();
-    return std::unordered_map<std::string, int64_t>{{"hits", s.hits}, {"remembered", s.remembered}, {"entries", s.entries}};
-  });
-  // Philox counters a compiled call consumes, by the rule eager follows (lowering::rng_counters);
-  // None when the op has no lowering.
-  m.def("_rng_counters", [](const std::string& op, const std::unordered_map<std::string, double>& constants,
-                            int64_t largest_numel) -> std::optional<int64_t> {
-    const tpu::lowering::OpEntry* entry = tpu::lowering::find_op(op);
-    if (!entry) return std::nullopt;
-    return tpu::lowering::rng_counters(*entry, [&](const std::string& name) -> std::optional<double> {
-      auto it = constants.find(name);
-      return it == constants.end() ? std::nullopt : std::optional<double>(it->second);
-    }, largest_numel);
-  });
   m.def("_mem_get_info", [](int device) {
     return tpu::aten::TpuAllocator::get().getMemoryInfo(static_cast<c10::DeviceIndex>(device));
   });

@@ -152,7 +152,9 @@ _FACTORY = {aten.ones_like.default, aten.zeros_like.default, aten.full_like.defa
             aten.new_empty.default, aten.new_zeros.default, aten.new_ones.default, aten.new_full.default,
             aten.empty_strided.default, aten.arange.default}
 _REDUCE_FILL = {aten.sum.dim_IntList: 0.0, aten.sum.default: 0.0, aten.amax.default: -math.inf, aten.amin.default: math.inf,
-                aten._softmax.default: -math.inf, aten._log_softmax.default: -math.inf}
+                aten._softmax.default: -math.inf, aten._log_softmax.default: -math.inf,
+                aten.max.default: -math.inf, aten.min.default: math.inf,
+                aten.argmax.default: -math.inf, aten.argmin.default: math.inf}
 _SYM_OPS = {operator.add, operator.sub, operator.mul, operator.floordiv, operator.neg,
             aten.sym_size.int, aten.sym_numel.default, aten.sym_stride.int, torch.sym_max, torch.sym_min}
 
@@ -450,6 +452,8 @@ class _PaddedInterpreter(torch.fx.Interpreter):
         touched = [d for d in dims if d in _dyn(src)]
         if not touched:
             return target(*args, **kwargs)
+        if target in (aten.argmax.default, aten.argmin.default) and len(dims) > 1 and x.dim() > 1:
+            raise Unpaddable("flat argmax/argmin over a padded tensor (the flat index counts padding)")
         if target in (aten.mean.dim, aten.mean.default):
             total = aten.sum.default if target is aten.mean.default else aten.sum.dim_IntList
             s = total(self._masked(x, src, touched, 0.0), *args[1:], **kwargs)

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import ast
 import math
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -57,6 +58,7 @@ _MAX_VARIANTS = 4  # traces per key (each a guard set) before the key declines
 _MAX_TRACES_PER_OP = 64
 _MAX_CALL_TEXTS = 8192
 _installed = [False]
+_warned = [False]
 
 
 class _Decline(Exception):
@@ -104,6 +106,12 @@ def mark_dynamic(tensor: torch.Tensor, dim: int, *, min: int | None = None, max:
             raise ValueError(f"torch_tpu.mark_dynamic: dim {known[0]} of this tensor is already dynamic "
                              "(one dynamic dim per tensor)")
         return tensor
+    if tensor.is_contiguous() and any(n != 1 for n in tensor.shape[:d]) and not _warned[0]:
+        _warned[0] = True
+        warnings.warn(f"torch_tpu.mark_dynamic: dim {d} has a dim of size > 1 before it (shape {tuple(tensor.shape)}): "
+                      "the padded tensor and results of ops on it are not contiguous (`.view` may refuse them; "
+                      "`.reshape`/`.contiguous()` work). Mark the outermost varying dim (batch 1) to keep them "
+                      "contiguous.", stacklevel=2)
     padded = list(tensor.shape)
     padded[d] = next_bucket(real, max)
     buf = torch.zeros(padded, dtype=tensor.dtype, device=tensor.device)
@@ -298,6 +306,7 @@ class _Traced:
 
         EAGER["traces"] += 1
         self.why = ""
+        self.layout_op = call.op in (torch.ops.aten.clone.default, torch.ops.aten._to_copy.default)
         self.slots = [i for i, t in enumerate(tensors) if isinstance(t, torch.Tensor)]
         env = ShapeEnv(duck_shape=False)
         fake = FakeTensorMode(shape_env=env)
@@ -404,8 +413,14 @@ class _Traced:
             if kind == "int":
                 result.append(torch.tensor(size(values), dtype=torch.int64))
             elif kind == "dyn" and isinstance(o, torch.Tensor):
+                v = o.narrow(d, 0, size(values))
+                if self.layout_op and o.is_contiguous() and not v.is_contiguous():
+                    # clone/contiguous/to promise a contiguous result (`.contiguous().view(..)`); a
+                    # prefix view with a non-1 dim before d is not: a compact copy (exact size).
+                    result.append(v.contiguous())
+                    continue
                 _mark_buffer(o, d, hi)
-                result.append(o.narrow(d, 0, size(values)))
+                result.append(v)
             elif isinstance(o, torch.Tensor):
                 result.append(o)
             elif o is None:  # an undefined optional result (attention's unused outputs)
