@@ -98,6 +98,20 @@ def test_in_place_update_runs_exactly() -> None:
     assert torch.equal((x * 2).cpu(), (torch.arange(6.0).reshape(2, 3) + 1) * 2)  # still usable
 
 
+def test_cpu_tensor_arguments_take_the_normal_path() -> None:
+    # As for an unmarked tpu tensor: CPU index tensors are accepted, a CPU operand is refused.
+    base = torch.randn(3, 20)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the "results are strided" note for a dim before the dynamic one
+        x = _dyn(base.clone(), 1)
+    idx = torch.tensor([0, 2])
+    assert torch.equal(x[idx].cpu(), base[idx])
+    assert torch.equal(x[:, idx].cpu(), base[:, idx])
+    with pytest.raises(RuntimeError):
+        x + torch.ones(3, 20)
+    assert torch.equal((x + torch.tensor(2.0)).cpu(), base + 2.0)  # 0-d CPU tensor: a scalar, as on CPU
+
+
 def test_bad_arguments_raise_clear_errors() -> None:
     with pytest.raises(ValueError, match="tpu device"):
         torch_tpu.mark_dynamic(torch.ones(2, 3), 1)

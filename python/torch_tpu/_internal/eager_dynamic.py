@@ -254,6 +254,8 @@ def _run(call: _Call, tensors: list[Any]) -> list[torch.Tensor]:
     for i, t in enumerate(tensors):
         if not isinstance(t, torch.Tensor):  # None, or a wrapped Python number (it comes back as one)
             continue
+        if t.device.type != "tpu":  # CPU index tensors / 0-d operands: the normal path moves or refuses them
+            raise _Decline(f"a {t.device.type} tensor argument")
         info = _info(t)
         if info is None:
             continue
