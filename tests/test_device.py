@@ -71,8 +71,8 @@ def test_stream_and_event_query_do_not_wait() -> None:
 
 
 def test_synchronize_after_many_launches_and_donations() -> None:
-    # Launches are tracked by their outputs, with a completion event only every few hundred: more
-    # launches than that, in-place ones (their input buffer donated) and kept results, all settle.
+    # More launches than the in-flight bound (512), in-place ones (their input buffer donated) and
+    # kept results: all settle.
     before = torch_tpu.dispatch_stats()["launches"]
     x = torch.zeros(64, device="tpu")
     kept = []
@@ -85,6 +85,19 @@ def test_synchronize_after_many_launches_and_donations() -> None:
     assert torch_tpu.dispatch_stats()["launches"] - before >= 600
     assert torch.equal(x.cpu(), torch.full((64,), 600.0))
     assert [k[0].item() for k in kept] == [2.0, 302.0, 602.0, 902.0]
+
+
+def test_synchronize_waits_for_launches_whose_results_were_dropped() -> None:
+    # A timing loop discards its results; synchronize() must still wait for that work (as
+    # torch.cuda.synchronize does), so the stream is idle right after it and busy right before.
+    a = torch.randn(512, 512, device="tpu")
+    torch.tpu.synchronize()
+    for _ in range(40):
+        a @ a  # result dropped at once
+    busy = not torch.tpu.current_stream().query()
+    torch.tpu.synchronize()
+    assert torch.tpu.current_stream().query()
+    assert busy, "40 dropped 512x512 matmuls were reported complete right after launch"
 
 
 def test_generated_methods() -> None:

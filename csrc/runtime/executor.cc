@@ -22,11 +22,11 @@ DispatchStats& dispatch_stats() {
 }
 
 namespace {
-// A completion event every kMilestoneEvery launches; more than kMaxMilestones pending ones and
-// the oldest is awaited (back-pressure: some 512 launches queued at most, as PJRT keeps its own
-// bounded queue as well).
-constexpr int64_t kMilestoneEvery = 256;
-constexpr size_t kMaxMilestones = 2;
+// Back-pressure: never more than kMaxInflight launches queued (PJRT keeps its own queue too).
+constexpr size_t kMaxInflight = 512;
+// Completed launches are dropped from the front of the queue every kPollEvery launches (an
+// IsReady query per launch costs more than the bookkeeping it saves).
+constexpr size_t kPollEvery = 16;
 }  // namespace
 
 Executor& Executor::get() {
@@ -41,10 +41,11 @@ std::vector<pjrt::BufferPtr> Executor::launch(const pjrt::Executable& exe, int d
   Context& ctx = Context::get();
   prof::Range prof_range("launch", what);
   const bool blocking = ctx.mode() == EagerMode::DeferNeverLaunchBlocking;
-  const int64_t n = launches_.fetch_add(1, std::memory_order_relaxed);
+  launches_.fetch_add(1, std::memory_order_relaxed);
+  // Every launch takes a completion event: synchronize() must wait for all launched work, also
+  // for launches whose outputs were already dropped (a timing loop that discards its results).
   std::unique_ptr<pjrt::Event> done;
-  const bool want_event = blocking || exe.num_outputs() == 0 || n % kMilestoneEvery == 0;
-  auto outs = exe.execute(ctx.device(device), args, non_donatable, want_event ? &done : nullptr);
+  auto outs = exe.execute(ctx.device(device), args, non_donatable, &done);
   prof::track_launch(prof_range, outs, device, what);
   if (blocking) {
     try {
@@ -57,19 +58,12 @@ std::vector<pjrt::BufferPtr> Executor::launch(const pjrt::Executable& exe, int d
   std::unique_ptr<pjrt::Event> oldest;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (!outs.empty()) {
-      outputs_.emplace_back(outs.front());
-      if (outputs_.size() >= prune_at_) {  // amortized: forget launches whose outputs died
-        std::erase_if(outputs_, [](const std::weak_ptr<pjrt::Buffer>& w) { return w.expired(); });
-        prune_at_ = std::max<size_t>(64, 2 * outputs_.size());
-      }
-    }
-    if (done) {
-      milestones_.push_back(std::move(done));
-      if (milestones_.size() > kMaxMilestones) {
-        oldest = std::move(milestones_.front());
-        milestones_.pop_front();
-      }
+    inflight_.push_back(std::move(done));
+    if (inflight_.size() % kPollEvery == 0)
+      while (!inflight_.empty() && inflight_.front()->ready()) inflight_.pop_front();
+    if (inflight_.size() > kMaxInflight) {
+      oldest = std::move(inflight_.front());
+      inflight_.pop_front();
     }
   }
   if (oldest) oldest->wait();
@@ -78,30 +72,18 @@ std::vector<pjrt::BufferPtr> Executor::launch(const pjrt::Executable& exe, int d
 
 void Executor::synchronize() {
   prof::Range prof_range("synchronize");
-  std::vector<std::weak_ptr<pjrt::Buffer>> outputs;
-  std::deque<std::unique_ptr<pjrt::Event>> milestones;
+  std::deque<std::unique_ptr<pjrt::Event>> pending;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    outputs.swap(outputs_);
-    milestones.swap(milestones_);
-    prune_at_ = 64;
+    pending.swap(inflight_);
   }
-  for (auto& e : milestones) e->wait();
-  // Newest first: by the time it is ready most older ones are too, so their waits return at once.
-  for (auto it = outputs.rbegin(); it != outputs.rend(); ++it)
-    if (pjrt::BufferPtr b = it->lock(); b && !b->is_deleted()) b->wait_ready();
+  for (auto& e : pending) e->wait();
 }
 
 bool Executor::idle() {
   std::lock_guard<std::mutex> lock(mu_);
-  while (!milestones_.empty() && milestones_.front()->ready()) milestones_.pop_front();
-  if (!milestones_.empty()) return false;
-  while (!outputs_.empty()) {
-    pjrt::BufferPtr b = outputs_.back().lock();
-    if (b && !b->is_deleted() && !b->ready()) return false;
-    outputs_.pop_back();
-  }
-  return true;
+  while (!inflight_.empty() && inflight_.front()->ready()) inflight_.pop_front();
+  return inflight_.empty();
 }
 
 }  // namespace tpu::runtime

@@ -4,11 +4,8 @@
 //           launch so a device error names the op that caused it.
 //   fused   (DEFER_AND_FUSE): records ops into one pending program, launched at sync points.
 // Compiled graphs (aten/graph.cc) launch through Executor::launch as well.
-// In-flight launches are tracked without a completion event per launch (on XLA:CPU creating one
-// costs about as much as the launch of a small op): a launch is remembered by a weak reference
-// to its first output, whose ready event is made only when someone waits (synchronize, query).
-// Every kMilestoneEvery-th launch does take a completion event: waiting for an old one bounds
-// the queue of launches PJRT holds.
+// Every launch keeps its PJRT completion event until it is known complete, so synchronize()
+// waits for all launched work (as torch.cuda.synchronize does) and the queue stays bounded.
 #pragma once
 #include <atomic>
 #include <deque>
@@ -30,17 +27,14 @@ class Executor {
                                       const std::vector<PJRT_Buffer*>& args,
                                       const std::vector<int64_t>& non_donatable,
                                       const std::string& what);
-  // Waits for every launch whose outputs are still alive (a launch whose outputs all died cannot
-  // be observed; PJRT frees their memory once it completes) and for the milestone events.
+  // Waits for every launch so far, including those whose outputs were already dropped.
   void synchronize();
   bool idle();
   int64_t launches() const { return launches_.load(std::memory_order_relaxed); }
 
  private:
   std::mutex mu_;
-  std::vector<std::weak_ptr<pjrt::Buffer>> outputs_;    // first output of each launch since a sync
-  size_t prune_at_ = 64;                                // drop dead entries when outputs_ reaches it
-  std::deque<std::unique_ptr<pjrt::Event>> milestones_;  // every kMilestoneEvery-th launch
+  std::deque<std::unique_ptr<pjrt::Event>> inflight_;  // completion events, oldest first
   std::atomic<int64_t> launches_{0};
 };
 
