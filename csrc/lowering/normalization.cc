@@ -74,13 +74,14 @@ std::vector<int64_t> softmax_dims(const Value& x, int64_t dim) {
   return {norm_dim(dim, x.rank())};
 }
 
-// What layer-norm and RMS-norm backward share: input and upstream gradient in opmath, the
-// normalized (inner) and batch (outer) dims, and the normalized element count.
-struct NormBackward {
-  NormBackward(Builder& b, const OpCall& c)
+// What layer-norm and RMS-norm forward and backward share: input and upstream gradient in opmath
+// (the forwards have no gradient: `go` is the input there), the normalized (inner) and batch
+// (outer) dims, and the normalized element count.
+struct NormOperands {
+  NormOperands(Builder& b, const OpCall& c)
       : t(opmath(c.tensor("input").elem())),
         x(b.convert(c.tensor("input"), t)),
-        go(b.convert(c.tensor("grad_out"), t)),
+        go(c.has("grad_out") ? b.convert(c.tensor("grad_out"), t) : x),
         s(x.shape()),
         axis(x.rank() - static_cast<int64_t>(c.ints("normalized_shape").size())) {
     for (int64_t i = 0; i < x.rank(); ++i) (i >= axis ? inner : outer).push_back(i);
@@ -137,14 +138,8 @@ TPU_LOWER(_log_softmax_backward_data) {
 
 // ------------------------------------------------------------------ layer norm
 TPU_LOWER(native_layer_norm) {
-  Value x0 = c.tensor("input");
-  ElemType t = opmath(x0.elem());
-  Value x = b.convert(x0, t);
-  const Shape& s = x.shape();
-  int64_t axis = x.rank() - static_cast<int64_t>(c.ints("normalized_shape").size());
-  std::vector<int64_t> dims;
-  for (int64_t i = axis; i < x.rank(); ++i) dims.push_back(i);
-  int64_t n = numel_of(s, dims);
+  const NormOperands no(b, c);
+  const auto& [t, x, go, s, axis, dims, outer, n] = no;
   double eps = c.double_("eps");
   Value mean = b.div(sum_keep(b, x, dims), const_f(b, static_cast<double>(n), t, s));
   Value d = b.sub(x, mean);
@@ -161,7 +156,7 @@ TPU_LOWER(native_layer_norm) {
 }
 
 TPU_LOWER(native_layer_norm_backward) {
-  const NormBackward nb(b, c);
+  const NormOperands nb(b, c);
   const auto& [t, x, go, s, axis, inner, outer, n] = nb;
   auto mask = output_mask(c, 3);
   Value mean = stat_expand(b, b.convert(c.tensor("mean"), t), s, axis);
@@ -246,14 +241,8 @@ TPU_LOWER(native_group_norm_backward) {
 
 // ------------------------------------------------------------------ RMS norm
 TPU_LOWER(_fused_rms_norm) {
-  Value x0 = c.tensor("input");
-  ElemType t = opmath(x0.elem());
-  Value x = b.convert(x0, t);
-  const Shape& s = x.shape();
-  int64_t axis = x.rank() - static_cast<int64_t>(c.ints("normalized_shape").size());
-  std::vector<int64_t> dims;
-  for (int64_t i = axis; i < x.rank(); ++i) dims.push_back(i);
-  int64_t n = numel_of(s, dims);
+  const NormOperands no(b, c);
+  const auto& [t, x, go, s, axis, dims, outer, n] = no;
   double eps = c.has("eps") ? c.double_("eps")
                             : (t == ElemType::F64 ? std::numeric_limits<double>::epsilon()
                                                   : std::numeric_limits<float>::epsilon());
@@ -267,7 +256,7 @@ TPU_LOWER(_fused_rms_norm) {
 }
 
 TPU_LOWER(_fused_rms_norm_backward) {
-  const NormBackward nb(b, c);
+  const NormOperands nb(b, c);
   const auto& [t, x, go, s, axis, inner, outer, n] = nb;
   auto mask = output_mask(c, 2);
   Value rstd = stat_expand(b, b.convert(c.tensor("rstd"), t), s, axis);

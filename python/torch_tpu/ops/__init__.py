@@ -134,6 +134,14 @@ def _pallas_available() -> bool:
     return importlib.util.find_spec("jax") is not None
 
 
+def _call(op: Any, a: torch.Tensor, b: torch.Tensor, group_sizes: torch.Tensor) -> torch.Tensor:
+    if torch.is_grad_enabled() and (a.requires_grad or b.requires_grad):
+        return op(a, b, group_sizes)
+    # Nothing to differentiate: skip the Python autograd kernel (~0.08 ms per call; decode).
+    with torch._C._AutoDispatchBelowAutograd():
+        return op(a, b, group_sizes)
+
+
 def ragged_dot(lhs: torch.Tensor, rhs: torch.Tensor, group_sizes: torch.Tensor, *, impl: str | None = None
                ) -> torch.Tensor:
     """[M, K] x [G, K, N] -> [M, N]: rows grouped by `group_sizes` (sorted), group g times rhs[g]."""
@@ -144,20 +152,13 @@ def ragged_dot(lhs: torch.Tensor, rhs: torch.Tensor, group_sizes: torch.Tensor, 
         from torch_tpu.ops import _pallas_ragged_dot
 
         return _pallas_ragged_dot.ragged_dot(lhs, rhs, group_sizes)
-    if not (torch.is_grad_enabled() and (lhs.requires_grad or rhs.requires_grad)):
-        # Nothing to differentiate: skip the Python autograd kernel (~0.08 ms per call; decode).
-        with torch._C._AutoDispatchBelowAutograd():
-            return torch.ops.torch_tpu.ragged_dot(lhs, rhs, group_sizes)
-    return torch.ops.torch_tpu.ragged_dot(lhs, rhs, group_sizes)
+    return _call(torch.ops.torch_tpu.ragged_dot, lhs, rhs, group_sizes)
 
 
 def ragged_dot_weight_grad(lhs: torch.Tensor, grad: torch.Tensor, group_sizes: torch.Tensor) -> torch.Tensor:
     """[M, K], [M, N] -> [G, K, N]: per group, lhs[rows_g].T @ grad[rows_g] (zero for empty groups)."""
     _check("ragged_dot_weight_grad", lhs, grad, group_sizes, 2)
-    if not (torch.is_grad_enabled() and (lhs.requires_grad or grad.requires_grad)):
-        with torch._C._AutoDispatchBelowAutograd():  # as in ragged_dot: no autograd kernel to run
-            return torch.ops.torch_tpu.ragged_dot_weight_grad(lhs, grad, group_sizes)
-    return torch.ops.torch_tpu.ragged_dot_weight_grad(lhs, grad, group_sizes)
+    return _call(torch.ops.torch_tpu.ragged_dot_weight_grad, lhs, grad, group_sizes)
 
 
 def host_kernels(enabled: bool | str | None = None) -> str:
