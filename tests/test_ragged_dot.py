@@ -83,6 +83,21 @@ def test_forward_and_weight_grad(dtype: torch.dtype, m: int, sizes: list[int], p
     assert torch_tpu.fallback_stats() == {}
 
 
+@pytest.mark.parametrize("sizes", [[5, 5, 5, 5], [3, -2, 20, 5]])
+def test_groups_past_the_rows_and_negative_sizes(sizes: list[int], path: str) -> None:
+    """sum(group_sizes) > M and negative sizes: the groups are clipped to the M rows and a negative
+    size counts as 0, as in the op's CPU kernel, so a group with no rows gets a zero weight gradient
+    (the XLA path's weight-gradient windows read another group's rows before)."""
+    g = torch.Generator().manual_seed(0)
+    lhs, rhs, grad = torch.randn(12, 3, generator=g), torch.randn(4, 3, 2, generator=g), torch.randn(12, 2, generator=g)
+    gs = torch.tensor(sizes)
+    ref, ref_w = torch.ops.torch_tpu.ragged_dot(lhs, rhs, gs), torch.ops.torch_tpu.ragged_dot_weight_grad(lhs, grad, gs)
+    got = torch.tpu.ops.ragged_dot(lhs.to("tpu"), rhs.to("tpu"), gs.to("tpu")).cpu()
+    got_w = torch.tpu.ops.ragged_dot_weight_grad(lhs.to("tpu"), grad.to("tpu"), gs.to("tpu")).cpu()
+    torch.testing.assert_close(got, ref)
+    torch.testing.assert_close(got_w, ref_w)
+
+
 def test_host_kernels_registered() -> None:
     # On the CPU plugin with jaxlib's XLA FFI headers at build time the FFI handlers must register
     # (and pass their probe call); anywhere else the status says why not.

@@ -466,12 +466,17 @@ TPU_LOWER(_grouped_mm) {
 // JAX's ragged_dot contract with group sizes instead of offsets, on the same paths as
 // _grouped_mm. Rows past sum(group_sizes) are zero.
 namespace {
-// Inclusive prefix sum of the (few) group sizes: a [G, G] triangle.
-Value group_ends(Builder& b, Value sizes) {
+// Group ends from the (few) group sizes: an inclusive prefix sum (a [G, G] triangle) of the sizes
+// with negative ones counted as 0, clipped to the m rows - as the CPU kernel reads them, so a group
+// starting past the rows is empty (the weight gradient's windows would otherwise read rows of
+// another group).
+Value group_ends(Builder& b, Value sizes, int64_t m) {
   const int64_t g = sizes.shape()[0];
-  Value s = b.broadcast_in_dim(b.convert(sizes, I64), {g, g}, {1});
+  Value pos = b.max(b.convert(sizes, I64), b.zeros(Type{I64, {g}}));
+  Value s = b.broadcast_in_dim(pos, {g, g}, {1});
   Value keep = b.compare(Cmp::LE, b.iota(Type{I64, {g, g}}, 1), b.iota(Type{I64, {g, g}}, 0));
-  return b.reduce(b.select(keep, s, b.zeros(s.type)), b.constant_i(0, I64), {1}, "add");
+  Value ends = b.reduce(b.select(keep, s, b.zeros(s.type)), b.constant_i(0, I64), {1}, "add");
+  return b.min(ends, b.constant_i(m, I64, {g}));
 }
 }  // namespace
 
@@ -481,7 +486,7 @@ TPU_LOWER(ragged_dot) {
   const Value lhs = c.tensor("lhs"), rhs = c.tensor("rhs"), sizes = c.tensor("group_sizes");
   if (use_host_kernel(c, lhs.elem(), o.elem, lhs.shape()[0] * lhs.shape()[1] * o.shape[1], rhs.type.numel()))
     return {rows_host(b, lhs, rhs, sizes, true, o.elem, c.bool_("rhs_col_major"))};
-  return {rows_dispatch(b, lhs, rhs, group_ends(b, sizes), opmath(o.elem), c.bool_("rhs_col_major"))};
+  return {rows_dispatch(b, lhs, rhs, group_ends(b, sizes, lhs.shape()[0]), opmath(o.elem), c.bool_("rhs_col_major"))};
 }
 
 TPU_LOWER(ragged_dot_weight_grad) {
@@ -490,7 +495,7 @@ TPU_LOWER(ragged_dot_weight_grad) {
   const Value lhs = c.tensor("lhs"), grad = c.tensor("grad"), sizes = c.tensor("group_sizes");
   if (use_host_kernel(c, lhs.elem(), o.elem, lhs.shape()[0] * lhs.shape()[1] * o.shape[2], o.numel()))
     return {k_host(b, lhs, grad, sizes, true, o.elem)};
-  return {k_windowed(b, b.transpose(lhs, {1, 0}), grad, group_ends(b, sizes), opmath(o.elem))};
+  return {k_windowed(b, b.transpose(lhs, {1, 0}), grad, group_ends(b, sizes, lhs.shape()[0]), opmath(o.elem))};
 }
 
 }  // namespace tpu::lowering
