@@ -42,6 +42,7 @@ def _args(device: str, k: int) -> dict[str, Any]:
         "i": torch.arange(12, dtype=torch.int32).reshape(3, 4).to(device),
         "mask": (a > 0).to(device), "s0": torch.tensor(1.5 + k),  # a 0-d CPU tensor operand
         "out": torch.empty(0, device=device),  # out= resizes it
+        "idx": torch.tensor([[2, 0], [1, 2]]).to(device),
     }
 
 
@@ -72,6 +73,11 @@ CASES: dict[str, Callable[[dict[str, Any]], Any]] = {
     "inplace_view": lambda t: (t["b"][1].add_(10), t["b"]),
     "out": lambda t: (torch.add(t["a"], t["b"], out=t["out"]), t["out"]),
     "fill_zero": lambda t: (t["a"].fill_(3.0), t["b"].zero_()),
+    "embedding_gather": lambda t: (torch.nn.functional.embedding(t["idx"], t["a"]), t["a"].index_select(1, t["idx"][0]),
+                                   torch.cat([t["a"], t["b"]], 1), t["a"].cumsum(0), t["a"].amax(1), t["a"].argmax(0)),
+    "misc_unary_binary": lambda t: (torch.log1p(t["a"].abs()), torch.floor(t["a"]), torch.sign(t["a"]),
+                                    torch.logical_and(t["mask"], t["a"] > 0.5), t["i"] & 6, t["i"] % 5,
+                                    torch.remainder(t["a"], t["b"].abs() + 0.5)),
 }
 
 

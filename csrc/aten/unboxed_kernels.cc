@@ -8,21 +8,31 @@
 #include <ATen/ops/abs_ops.h>
 #include <ATen/ops/add_ops.h>
 #include <ATen/ops/addmm_ops.h>
+#include <ATen/ops/amax_ops.h>
+#include <ATen/ops/argmax_ops.h>
+#include <ATen/ops/bitwise_and_ops.h>
 #include <ATen/ops/bmm_ops.h>
+#include <ATen/ops/cat_ops.h>
 #include <ATen/ops/clamp_max_ops.h>
 #include <ATen/ops/clamp_min_ops.h>
 #include <ATen/ops/clamp_ops.h>
 #include <ATen/ops/cos_ops.h>
+#include <ATen/ops/cumsum_ops.h>
 #include <ATen/ops/div_ops.h>
+#include <ATen/ops/embedding_ops.h>
 #include <ATen/ops/eq_ops.h>
 #include <ATen/ops/erf_ops.h>
 #include <ATen/ops/exp_ops.h>
 #include <ATen/ops/fill_ops.h>
+#include <ATen/ops/floor_ops.h>
 #include <ATen/ops/ge_ops.h>
 #include <ATen/ops/gelu_ops.h>
 #include <ATen/ops/gt_ops.h>
+#include <ATen/ops/index_select_ops.h>
 #include <ATen/ops/le_ops.h>
+#include <ATen/ops/log1p_ops.h>
 #include <ATen/ops/log_ops.h>
+#include <ATen/ops/logical_and_ops.h>
 #include <ATen/ops/logical_not_ops.h>
 #include <ATen/ops/lt_ops.h>
 #include <ATen/ops/masked_fill_ops.h>
@@ -36,9 +46,11 @@
 #include <ATen/ops/pow_ops.h>
 #include <ATen/ops/reciprocal_ops.h>
 #include <ATen/ops/relu_ops.h>
+#include <ATen/ops/remainder_ops.h>
 #include <ATen/ops/rsqrt_ops.h>
 #include <ATen/ops/rsub_ops.h>
 #include <ATen/ops/sigmoid_ops.h>
+#include <ATen/ops/sign_ops.h>
 #include <ATen/ops/silu_ops.h>
 #include <ATen/ops/sin_ops.h>
 #include <ATen/ops/sqrt_ops.h>
@@ -163,7 +175,8 @@ void add_kernels(std::unordered_map<std::string, MakeKernel>& table) {
 }
 
 // The hottest overloads of small eager programs (elementwise chains, activations, attention and
-// MLP pieces). Any lowered overload may be listed: registration still only covers overloads the
+// MLP pieces, embeddings). Forward ops matter most: their arguments are Python-held tensors
+// (backward ops get tensors autograd holds, whose copies take no GIL). Any lowered overload may be listed: registration still only covers overloads the
 // boxed kernel would be registered for (aten/dispatch.cc register_lowered_kernels).
 const std::unordered_map<std::string, MakeKernel>& kernels() {
   static const auto* table = [] {
@@ -180,7 +193,9 @@ const std::unordered_map<std::string, MakeKernel>& kernels() {
     add_kernels<o::neg, o::neg_, o::exp, o::exp_, o::log, o::log_, o::sqrt, o::sqrt_, o::rsqrt, o::rsqrt_, o::tanh,
                 o::tanh_, o::sigmoid, o::sigmoid_, o::relu, o::relu_, o::abs, o::abs_, o::sin, o::cos, o::reciprocal,
                 o::erf, o::silu, o::silu_, o::gelu, o::gelu_, o::clamp, o::clamp_, o::clamp_min, o::clamp_max>(*t);
-    add_kernels<o::sum_dim_IntList, o::mean_dim, o::_softmax, o::_log_softmax, o::mm, o::bmm, o::addmm>(*t);
+    add_kernels<o::sum_dim_IntList, o::mean_dim, o::_softmax, o::_log_softmax, o::mm, o::bmm, o::addmm, o::embedding,
+                o::index_select, o::cat, o::cumsum, o::amax, o::argmax, o::log1p, o::floor, o::sign, o::logical_and,
+                o::bitwise_and_Tensor, o::remainder_Tensor, o::remainder_Scalar>(*t);
     return t.release();
   }();
   return *table;
