@@ -168,8 +168,50 @@ def test_hf_generate_strict_eager_is_bucketed() -> None:
     kinds = {b["graph"].split("[")[0] for b in torch_tpu.compile_stats()["dynamic"]}
     assert "eager.aten.cat.default" in kinds and any("scaled_dot_product" in k for k in kinds), kinds
     before = _programs()
+    eager_dynamic.reset_stats()
     assert torch.equal(gen(), ref)
     assert _programs() == before, f"second generate built {_programs() - before} programs"
+    stats = eager_dynamic.stats()  # repeats of a bucketed call run from C++ (no Python)
+    assert stats["fast_calls"] > 0.9 * stats["bucketed_calls"] > 90 and stats["fast_gathers"] > 0, stats  # (not: cat at 16)
+
+
+def _steps(x: torch.Tensor, tail: torch.Tensor, w: torch.Tensor, ids: torch.Tensor, emb: torch.Tensor
+           ) -> list[torch.Tensor]:
+    y = torch.cat([x, tail], 1)
+    return [y, (y * 2 + 1).sum(1), torch.softmax(y, 1), y[:, -1:] + 1, torch.nn.functional.linear(y, w),
+            y[:, :16] * 3, emb.index_select(0, ids), y.amax(1, keepdim=True) - y]
+
+
+def test_fast_path_equals_python_path() -> None:
+    """Repeated bucketed calls run from C++ (plan: program, shape guards, buckets, result views);
+    growing through buckets 16/32 (the cat at length 16 grows its bucket), a Min(16, s) slice
+    (no polynomial: Python), views read at an offset. Values equal CPU with and without it."""
+    torch.manual_seed(0)
+    tail, w, emb = torch.randn(1, 1, 8), torch.randn(4, 8), torch.randn(30, 8)
+    td, wd, ed = tail.to(TPU), w.to(TPU), emb.to(TPU)
+    counts = {}
+    try:
+        for fast in (False, True):
+            eager_dynamic.FAST[0] = fast
+            torch.ops.torch_tpu._dynamic_clear_plans()
+            eager_dynamic.reset_stats()
+            x, ids = torch.randn(1, 3, 8), torch.arange(3)
+            xd, idd = _dyn(x), _dyn(ids, 0)
+            for _ in range(22):  # lengths 3 .. 25
+                got, ref = _steps(xd, td, wd, idd, ed), _steps(x, tail, w, ids, emb)
+                for a, b in zip(got, ref, strict=True):
+                    assert a.shape == b.shape
+                    torch.testing.assert_close(a.cpu(), b, rtol=1e-5, atol=1e-5)
+                assert torch.ops.torch_tpu._dynamic_info(got[0])  # fast-path results stay dynamic
+                x, xd = ref[0], got[0]
+                ids, idd = torch.cat([ids, ids[-1:] % 30]), torch.cat([idd, idd[-1:] % 30])
+            counts[fast] = eager_dynamic.stats()
+    finally:
+        eager_dynamic.FAST[0] = True
+    assert counts[False]["fast_calls"] == 0 and counts[False]["fast_gathers"] == 0
+    st = counts[True]
+    assert st["fast_calls"] > 100 and st["fast_gathers"] > 30, st
+    assert st["bucketed_calls"] == counts[False]["bucketed_calls"], (st, counts[False])
 
 
 def test_changing_python_scalar_stops_tracing(monkeypatch: pytest.MonkeyPatch) -> None:

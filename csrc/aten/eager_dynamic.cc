@@ -179,7 +179,7 @@ struct Poly {
 };
 
 struct PlanOut {
-  int64_t spec = 0;      // 0: the program's output `index`, 1: program input `index`, 2: None
+  int64_t spec = 0;      // 0: the program's output `index`, 1: program input `index`, 2: None, 3: the int `index`
   int64_t index = 0;
   int64_t kind = 2;      // 0: an int (size), 1: dynamic along `dim` (real size `size`), 2: as is
   int64_t dim = 0;
@@ -200,11 +200,38 @@ struct Plan {
 };
 
 // One call's tensors as the fast path sees them.
+template <class T>
+void put(std::string& k, T v) { k.append(reinterpret_cast<const char*>(&v), sizeof v); }
+void put_ints(std::string& k, c10::IntArrayRef xs) {
+  put<int64_t>(k, static_cast<int64_t>(xs.size()));
+  k.append(reinterpret_cast<const char*>(xs.data()), xs.size() * sizeof(int64_t));
+}
+
 struct Slot {
   at::Tensor t;      // program input: the tensor, or a dynamic view extended to its capacity
   int64_t group = -1;  // dynamic: index of its real size among the call's distinct sizes
   bool input = true;   // false: None or a wrapped Python number (not a program input)
+  std::string gather;  // another view of a dynamic storage: the key of its gather program
+  std::vector<int64_t> padded;
 };
+
+// Gather programs (eager_dynamic._gather): a view of a dynamic storage that is no prefix view
+// (`ids[:, -1:]`) is copied out with its offset as a runtime operand.
+struct Gather {
+  int64_t graph = -1;
+  std::vector<at::Tensor> consts;
+};
+std::unordered_map<std::string, Gather> gathers;  // under plans_mu
+
+std::string gather_key(const at::Tensor& t, c10::IntArrayRef padded) {
+  std::string k;
+  put<int8_t>(k, static_cast<int8_t>(t.scalar_type()));
+  put<int8_t>(k, static_cast<int8_t>(t.device().index()));
+  put_ints(k, padded);
+  put_ints(k, t.sizes());
+  put_ints(k, t.strides());
+  return k;
+}
 
 std::shared_mutex plans_mu;
 std::unordered_map<std::string, std::vector<std::shared_ptr<const Plan>>> plans;
@@ -216,13 +243,6 @@ int64_t next_bucket(int64_t v, int64_t hi) {  // dynamic_shapes.next_bucket (BUC
   int64_t b = 16;
   while (b < v) b <<= 1;
   return hi >= 0 ? std::max(v, std::min(b, hi)) : b;
-}
-
-template <class T>
-void put(std::string& k, T v) { k.append(reinterpret_cast<const char*>(&v), sizeof v); }
-void put_ints(std::string& k, c10::IntArrayRef xs) {
-  put<int64_t>(k, static_cast<int64_t>(xs.size()));
-  k.append(reinterpret_cast<const char*>(xs.data()), xs.size() * sizeof(int64_t));
 }
 
 // dynamic_view of eager_dynamic.py: when t reads a prefix of dim d of its padded buffer through
@@ -317,7 +337,15 @@ bool signature(const std::vector<c10::optional<at::Tensor>>& tensors, std::strin
     }
     const int64_t d = (*info)[0];
     auto view = dynamic_view(t, d, c10::IntArrayRef(*info).slice(2));
-    if (!view) return false;  // Python copies it out at a runtime offset
+    if (!view) {  // copied out at a runtime offset: then a plain input of the op
+      s.padded.assign(info->begin() + 2, info->end());
+      s.gather = gather_key(t, s.padded);
+      key += 'G';
+      key += s.gather;
+      s.t = t;
+      slots.push_back(std::move(s));
+      continue;
+    }
     const int64_t j = view->first;
     key += 'D';
     put<int64_t>(key, j);
@@ -332,7 +360,6 @@ bool signature(const std::vector<c10::optional<at::Tensor>>& tensors, std::strin
   // One value per distinct real size, ascending (eager_dynamic._run's symbol groups).
   for (int64_t r : real)
     if (r >= 0) values.push_back(r);
-  if (values.empty()) return false;
   std::sort(values.begin(), values.end());
   values.erase(std::unique(values.begin(), values.end()), values.end());
   key += '|';
@@ -401,12 +428,68 @@ at::Tensor size_operand(int64_t v, c10::Device dev) {
   return t;
 }
 
+const c10::TypedOperatorHandle<std::vector<at::Tensor>(int64_t, at::TensorList)>& run_graph_op() {
+  static const auto op = c10::Dispatcher::singleton()
+                             .findSchemaOrThrow("torch_tpu::run_graph", "")
+                             .typed<std::vector<at::Tensor>(int64_t, at::TensorList)>();
+  return op;
+}
+
+std::atomic<int64_t> fast_gathers{0};
+
+// Copies out the views read at an offset (slot.t becomes the copy); false when a gather program
+// is not known here (Python builds it).
+bool run_gathers(std::vector<Slot>& slots) {
+  for (Slot& s : slots) {
+    if (s.gather.empty()) continue;
+    Gather g;
+    {
+      std::shared_lock<std::shared_mutex> lock(plans_mu);
+      auto it = gathers.find(s.gather);
+      if (it == gathers.end()) return false;
+      g = it->second;
+    }
+    std::vector<int64_t> strides(s.padded.size());
+    int64_t acc = 1;
+    for (int64_t k = static_cast<int64_t>(s.padded.size()) - 1; k >= 0; --k) {
+      strides[k] = acc;
+      acc *= std::max<int64_t>(s.padded[k], 1);
+    }
+    std::vector<at::Tensor> ins{s.t.as_strided(s.padded, strides, 0), size_operand(s.t.storage_offset(), s.t.device())};
+    ins.insert(ins.end(), g.consts.begin(), g.consts.end());
+    s.t = run_graph_op().call(g.graph, ins).at(0);
+    fast_gathers.fetch_add(1, std::memory_order_relaxed);
+  }
+  return true;
+}
+
+// Puts the gathered copies in place of the views in the call's arguments (key_args' order).
+void substitute(torch::jit::Stack* stack, size_t n, const std::vector<Slot>& slots) {
+  size_t k = 0;
+  for (size_t a = 0; a < n; ++a) {
+    c10::IValue& v = (*stack)[stack->size() - n + a];
+    if (v.isTensor()) {
+      if (!slots[k].gather.empty()) v = slots[k].t;
+      ++k;
+    } else if (v.isTensorList()) {
+      c10::List<at::Tensor> list = v.toTensorList();
+      c10::List<at::Tensor> out;
+      for (size_t e = 0; e < list.size(); ++e, ++k) out.push_back(slots[k].gather.empty() ? list.get(e) : slots[k].t);
+      v = out;
+    } else if (v.isList() && !v.isIntList()) {
+      c10::impl::GenericList list = v.toList();
+      for (size_t e = 0; e < list.size(); ++e) {
+        if (!list.get(e).isTensor()) continue;
+        if (!slots[k].gather.empty()) list.set(e, slots[k].t);
+        ++k;
+      }
+    }
+  }
+}
+
 // Runs the call by its plan; its results replace the arguments on the stack.
 void run_plan(const Plan& p, const c10::FunctionSchema& schema, const std::vector<Slot>& slots,
               const std::vector<int64_t>& values, torch::jit::Stack* stack) {
-  static const auto run_graph = c10::Dispatcher::singleton()
-                                    .findSchemaOrThrow("torch_tpu::run_graph", "")
-                                    .typed<std::vector<at::Tensor>(int64_t, at::TensorList)>();
   std::vector<at::Tensor> ins;
   ins.reserve(slots.size() + p.sym_group.size() + p.consts.size());
   for (const Slot& s : slots)
@@ -415,7 +498,7 @@ void run_plan(const Plan& p, const c10::FunctionSchema& schema, const std::vecto
   const c10::Device dev = ins.empty() ? c10::Device(c10::DeviceType::PrivateUse1, 0) : ins.front().device();
   for (int64_t g : p.sym_group) ins.push_back(size_operand(values[g], dev));
   ins.insert(ins.end(), p.consts.begin(), p.consts.end());
-  std::vector<at::Tensor> outs = run_graph.call(p.graph, ins);
+  std::vector<at::Tensor> outs = run_graph_op().call(p.graph, ins);
   const size_t n = schema.arguments().size();
   torch::jit::drop(*stack, n);
   for (size_t i = 0; i < p.outs.size(); ++i) {
@@ -423,8 +506,8 @@ void run_plan(const Plan& p, const c10::FunctionSchema& schema, const std::vecto
     const bool tensor_return = schema.returns()[i].type()->kind() == c10::TypeKind::TensorType;
     at::Tensor o = po.spec == 0 ? outs.at(po.index) : po.spec == 1 ? ins.at(po.index) : at::Tensor();
     TORCH_INTERNAL_ASSERT(po.spec != 1 || static_cast<size_t>(po.index) < n_inputs + p.sym_group.size());
-    if (po.kind == 0) {
-      const int64_t v = po.size.eval(values);
+    if (po.kind == 0 || po.spec == 3) {
+      const int64_t v = po.kind == 0 ? po.size.eval(values) : po.index;
       if (tensor_return) stack->emplace_back(at::scalar_tensor(v, at::kLong));
       else stack->emplace_back(v);
     } else if (!o.defined()) {
@@ -521,12 +604,35 @@ void decline_op() {
   plans.try_emplace(pending_key);
 }
 
+// The call Python is running read only views at an offset: later calls gather here and run
+// the op normally.
+void passthrough_op() {
+  if (pending_key.empty()) return;
+  std::unique_lock<std::shared_mutex> lock(plans_mu);
+  if (plans.size() >= kMaxPlanKeys) plans.clear();
+  auto& list = plans[pending_key];
+  if (list.empty()) list.push_back(std::make_shared<const Plan>());
+}
+
+void gather_plan_op(const at::Tensor& t, int64_t graph, at::TensorList consts) {
+  auto info = lookup(t);
+  if (!info) return;
+  std::string k = gather_key(t, c10::IntArrayRef(*info).slice(2));
+  std::unique_lock<std::shared_mutex> lock(plans_mu);
+  if (gathers.size() >= kMaxPlanKeys) gathers.clear();
+  gathers.insert_or_assign(std::move(k), Gather{graph, consts.vec()});
+}
+
 int64_t fast_calls_op(bool reset) {
   return reset ? fast_calls.exchange(0, std::memory_order_relaxed) : fast_calls.load(std::memory_order_relaxed);
+}
+int64_t fast_gathers_op(bool reset) {
+  return reset ? fast_gathers.exchange(0, std::memory_order_relaxed) : fast_gathers.load(std::memory_order_relaxed);
 }
 void clear_plans_op() {
   std::unique_lock<std::shared_mutex> lock(plans_mu);
   plans.clear();
+  gathers.clear();
 }
 
 }  // namespace
@@ -560,10 +666,14 @@ bool maybe_handle(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
         if (it != plans.end()) {
           if (it->second.empty()) return false;  // Python declined this call for any sizes
           for (const auto& p : it->second)
-            if (admits(*p, values)) { plan = p; break; }
+            if (values.empty() ? p->graph < 0 : p->graph >= 0 && admits(*p, values)) { plan = p; break; }
         }
       }
-      if (plan) {
+      if (plan && run_gathers(slots)) {
+        if (values.empty()) {  // only views read at an offset: the op runs normally on their copies
+          substitute(stack, n, slots);
+          return false;
+        }
         run_plan(*plan, schema, slots, values, stack);
         return true;
       }
@@ -627,6 +737,9 @@ TORCH_LIBRARY_FRAGMENT(torch_tpu, m) {
   m.def("_dynamic_plan(int graph, int precision, Tensor[] consts, int[] data) -> ()");
   m.def("_dynamic_fast_calls(bool reset=False) -> int");
   m.def("_dynamic_decline() -> ()");
+  m.def("_dynamic_passthrough() -> ()");
+  m.def("_dynamic_gather_plan(Tensor t, int graph, Tensor[] consts) -> ()");
+  m.def("_dynamic_fast_gathers(bool reset=False) -> int");
   m.def("_dynamic_clear_plans() -> ()");
 }
 
@@ -638,6 +751,9 @@ TORCH_LIBRARY_IMPL(torch_tpu, CompositeExplicitAutograd, m) {
   m.impl("_dynamic_plan", &plan_op);
   m.impl("_dynamic_fast_calls", &fast_calls_op);
   m.impl("_dynamic_decline", &decline_op);
+  m.impl("_dynamic_passthrough", &passthrough_op);
+  m.impl("_dynamic_gather_plan", &gather_plan_op);
+  m.impl("_dynamic_fast_gathers", &fast_gathers_op);
   m.impl("_dynamic_clear_plans", &clear_plans_op);
 }
 

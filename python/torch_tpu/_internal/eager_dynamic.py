@@ -46,8 +46,9 @@ def stats() -> dict[str, Any]:
     """Copy of EAGER: bucketed calls (fast_calls of them served by the C++ fast path),
     runtime-offset gathers, declined calls and why per op."""
     fast = int(torch.ops.torch_tpu._dynamic_fast_calls(False)) if _installed[0] else 0
+    gathers = int(torch.ops.torch_tpu._dynamic_fast_gathers(False)) if _installed[0] else 0
     return {**EAGER, "bucketed_calls": EAGER["bucketed_calls"] + fast, "fast_calls": fast,
-            "declined": dict(EAGER["declined"])}
+            "gathers": EAGER["gathers"] + gathers, "fast_gathers": gathers, "declined": dict(EAGER["declined"])}
 
 
 def reset_stats() -> None:
@@ -56,6 +57,7 @@ def reset_stats() -> None:
     EAGER["declined"].clear()
     if _installed[0]:
         torch.ops.torch_tpu._dynamic_fast_calls(True)
+        torch.ops.torch_tpu._dynamic_fast_gathers(True)
 
 
 _DTYPES = {"Float": torch.float32, "Double": torch.float64, "Half": torch.float16, "BFloat16": torch.bfloat16,
@@ -278,6 +280,8 @@ def _run(call: _Call, tensors: list[Any]) -> list[torch.Tensor]:
         else:
             tensors[i] = _gather(t, padded)
     if not dyn:
+        if FAST[0]:  # later calls gather in C++ and run the op normally
+            torch.ops.torch_tpu._dynamic_passthrough()
         args, kwargs = call.bind(tensors)
         return _results(call.op(*args, **kwargs))
     # One symbol per distinct real size (equal sizes share it, as Dynamo's duck sizing does).
@@ -553,6 +557,8 @@ def _plan(entry: _Traced, b: dict[Any, int], bucket: tuple, buffers: list[Any], 
             spec = [1, v]
         elif v is None:
             spec = [2, 0]
+        elif isinstance(v, int) and not isinstance(v, bool):
+            spec = [3, v]  # a constant int result (attention's max_q when it is static)
         else:
             return None
         p = _poly(e, groups)
@@ -634,4 +640,6 @@ def _gather(t: torch.Tensor, padded: list[int]) -> torch.Tensor:
         prog = _GATHERS[key] = _Program(gm, [buf, example], encode(current()),
                                         f"eager.gather[{'x'.join(map(str, padded))}]")
     EAGER["gathers"] += 1
+    if FAST[0]:
+        torch.ops.torch_tpu._dynamic_gather_plan(t, prog.gid, list(prog.consts))
     return prog([buf, torch.tensor(t.storage_offset(), dtype=torch.int64)])[0]
