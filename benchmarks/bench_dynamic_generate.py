@@ -5,7 +5,9 @@ CPU eager; each tpu variant also with `torch_tpu.mark_dynamic(input_ids, 1)` and
 `mark_dynamic(attention_mask, 1)` (eager bounded dynamism: generate's own eager ops, and in eager
 the whole model, run as one program per length bucket). Reports programs built by the first (cold)
 generation and by a second one (steady state), ms/token medians, and whether the greedy tokens
-equal CPU eager's. `--no-fused` leaves fused eager out, `--marked-only` the unmarked variants."""
+equal CPU eager's. `--no-fused` leaves fused eager out, `--marked-only` the unmarked variants,
+`--python-path` adds the marked eager variants with the C++ fast path for repeated bucketed calls
+turned off (every bucketed op through Python, as before that path existed)."""
 
 from __future__ import annotations
 
@@ -51,10 +53,11 @@ def _programs() -> int:
     return int(c.get("misses", 0) + c.get("disk_hits", 0))
 
 
-def run(fused: bool = True, unmarked: bool = True) -> dict[str, Any]:
+def run(fused: bool = True, unmarked: bool = True, python_path: bool = False) -> dict[str, Any]:
     """`fused=False` leaves fused eager out (unmarked, its first generation compiles one program
     per token: minutes on a loaded 2-core machine); `unmarked=False` runs only the marked tpu
-    variants."""
+    variants; `python_path=True` adds the marked eager variants with the C++ fast path for
+    bucketed calls turned off."""
     warnings.simplefilter("ignore")
     base = build_model()
     ids = torch.randint(0, VOCAB, (1, PROMPT), generator=torch.Generator().manual_seed(1))
@@ -94,8 +97,23 @@ def run(fused: bool = True, unmarked: bool = True) -> dict[str, Any]:
         "tpu_fused_marked": fused_mode(gen(m_fused, ids_t, True)),
         "cpu_eager": one_thread(gen(m_cpu, ids)),
     }
+    if python_path:  # the marked eager variants with the C++ fast path off (Python on every call)
+        def no_fast(fn: Callable[[], Any]) -> Callable[[], Any]:
+            def call() -> Any:
+                from torch_tpu._internal.eager_dynamic import set_fast_path
+
+                prev = set_fast_path(False)
+                try:
+                    return fn()
+                finally:
+                    set_fast_path(prev)
+            return call
+
+        fns["tpu_strict_marked_python"] = no_fast(fns["tpu_strict_marked"])
+        fns["tpu_fused_marked_python"] = no_fast(fns["tpu_fused_marked"])
     if not fused:
-        del fns["tpu_fused"], fns["tpu_fused_marked"]
+        for k in ("tpu_fused", "tpu_fused_marked", "tpu_fused_marked_python"):
+            fns.pop(k, None)
     if not unmarked:
         for k in ("tpu_compiled_dynamic", "tpu_strict", "tpu_fused"):
             fns.pop(k, None)
@@ -127,6 +145,10 @@ def run(fused: bool = True, unmarked: bool = True) -> dict[str, Any]:
                                 cold[base_k]["programs_first"] / max(1, cold[k]["programs_first"]), None, True))
     for k in cold:
         ratios.append(ratio(f"{k} vs CPU eager (speedup)", ms["cpu_eager"] / ms[k], None, True))
+    for k in ("tpu_strict_marked", "tpu_fused_marked"):
+        if k + "_python" in ms:
+            ratios.append(ratio(f"{k}: C++ fast path vs Python per bucketed call (speedup)",
+                                ms[k + "_python"] / ms[k], None, True))
     if "tpu_compiled_dynamic" in cold:
         ratios.append(ratio("compiled graph programs per 256-token generate (vs bound)",
                             cold["tpu_compiled_dynamic"]["graph_programs_first"] / bound, 1.0, False))
@@ -146,4 +168,5 @@ def run(fused: bool = True, unmarked: bool = True) -> dict[str, Any]:
 if __name__ == "__main__":
     import sys
 
-    run(fused="--no-fused" not in sys.argv, unmarked="--marked-only" not in sys.argv)
+    run(fused="--no-fused" not in sys.argv, unmarked="--marked-only" not in sys.argv,
+        python_path="--python-path" in sys.argv)

@@ -215,6 +215,20 @@ def test_fast_path_equals_python_path() -> None:
     assert st["bucketed_calls"] == counts[False]["bucketed_calls"], (st, counts[False])
 
 
+def test_cat_with_static_pieces_anywhere() -> None:
+    # Static pieces are written at their runtime offset (a scatter of their rows), dynamic ones
+    # gathered; the result's bucket grows when the real result would not fit.
+    torch.manual_seed(0)
+    t1, t3 = torch.randn(1, 1, 8), torch.randn(1, 3, 8)
+    for n in (3, 13, 14, 17, 30):
+        x = torch.randn(1, n, 8)
+        xd, d1, d3 = _dyn(x), t1.to(TPU), t3.to(TPU)
+        for a, b in ((torch.cat([xd, d3, xd, d1], 1), torch.cat([x, t3, x, t1], 1)),
+                     (torch.cat([d3, xd, d1], 1), torch.cat([t3, x, t1], 1)),
+                     (torch.cat([xd, d3, d1, d3], 1), torch.cat([x, t3, t1, t3], 1))):
+            assert torch.equal(a.cpu(), b)
+
+
 def test_changing_python_scalar_stops_tracing(monkeypatch: pytest.MonkeyPatch) -> None:
     # A Python scalar is a constant of the traced op: past the per-op bound the op runs exactly.
     monkeypatch.setattr(eager_dynamic, "_MAX_TRACES_PER_OP", 2)

@@ -236,6 +236,7 @@ std::string gather_key(const at::Tensor& t, c10::IntArrayRef padded) {
 std::shared_mutex plans_mu;
 std::unordered_map<std::string, std::vector<std::shared_ptr<const Plan>>> plans;
 std::atomic<int64_t> fast_calls{0};
+std::atomic<bool> fast_enabled{true};
 thread_local std::string pending_key;  // the missed call's key while Python runs it
 constexpr size_t kMaxPlanKeys = 16384;
 
@@ -626,6 +627,8 @@ void gather_plan_op(const at::Tensor& t, int64_t graph, at::TensorList consts) {
 int64_t fast_calls_op(bool reset) {
   return reset ? fast_calls.exchange(0, std::memory_order_relaxed) : fast_calls.load(std::memory_order_relaxed);
 }
+bool fast_enable_op(bool on) { return fast_enabled.exchange(on); }
+
 int64_t fast_gathers_op(bool reset) {
   return reset ? fast_gathers.exchange(0, std::memory_order_relaxed) : fast_gathers.load(std::memory_order_relaxed);
 }
@@ -653,7 +656,7 @@ bool maybe_handle(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   // Ops run below (views, copies, the program launch) must not come back here.
   in_handler = true;
   struct Reset { ~Reset() { in_handler = false; pending_key.clear(); } } reset;
-  {
+  if (fast_enabled.load(std::memory_order_relaxed)) {
     std::string key;
     std::vector<c10::optional<at::Tensor>> ts;
     std::vector<Slot> slots;
@@ -737,6 +740,7 @@ TORCH_LIBRARY_FRAGMENT(torch_tpu, m) {
   m.def("_dynamic_plan(int graph, int precision, Tensor[] consts, int[] data) -> ()");
   m.def("_dynamic_fast_calls(bool reset=False) -> int");
   m.def("_dynamic_decline() -> ()");
+  m.def("_dynamic_fast_enable(bool on) -> bool");
   m.def("_dynamic_passthrough() -> ()");
   m.def("_dynamic_gather_plan(Tensor t, int graph, Tensor[] consts) -> ()");
   m.def("_dynamic_fast_gathers(bool reset=False) -> int");
@@ -751,6 +755,7 @@ TORCH_LIBRARY_IMPL(torch_tpu, CompositeExplicitAutograd, m) {
   m.impl("_dynamic_plan", &plan_op);
   m.impl("_dynamic_fast_calls", &fast_calls_op);
   m.impl("_dynamic_decline", &decline_op);
+  m.impl("_dynamic_fast_enable", &fast_enable_op);
   m.impl("_dynamic_passthrough", &passthrough_op);
   m.impl("_dynamic_gather_plan", &gather_plan_op);
   m.impl("_dynamic_fast_gathers", &fast_gathers_op);

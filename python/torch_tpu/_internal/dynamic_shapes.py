@@ -412,6 +412,16 @@ class _PaddedInterpreter(torch.fx.Interpreter):
             if x.shape[dim] > cap:
                 raise Unpaddable("cat piece larger than the capacity")
             n_real = self.real.of(_expr(s.shape[dim]))
+            if not _free(s.shape[dim]):
+                # A piece of static size k (a KV cache's new token): k rows written at the offset
+                # (a scatter of k rows, not a gather over the whole capacity); they fit, as the
+                # real result does.
+                k = int(s.shape[dim])
+                idx: list[Any] = [None] * out.dim()
+                idx[dim] = offset + torch.arange(k, device=first.device)
+                out = aten.index_put.default(out, idx, x)
+                offset = offset + n_real
+                continue
             src = torch.clamp(rows - offset, 0, x.shape[dim] - 1)
             taken = aten.index_select.default(x, dim, src)
             inside = ((rows >= offset) & (rows < offset + n_real)).reshape(shape)

@@ -42,6 +42,13 @@ EAGER: dict[str, Any] = {"bucketed_calls": 0, "gathers": 0, "declined_calls": 0,
 FAST = [True]
 
 
+def set_fast_path(on: bool) -> bool:
+    """Turns the C++ fast path on or off (for A/B measurements; plans are kept); returns the
+    previous setting."""
+    FAST[0] = on
+    return bool(torch.ops.torch_tpu._dynamic_fast_enable(on))
+
+
 def stats() -> dict[str, Any]:
     """Copy of EAGER: bucketed calls (fast_calls of them served by the C++ fast path),
     runtime-offset gathers, declined calls and why per op."""
