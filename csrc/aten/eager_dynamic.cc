@@ -188,7 +188,7 @@ struct PlanOut {
 };
 
 struct Plan {
-  int64_t graph = -1;     // torch_tpu::run_graph id
+  int64_t graph = -1;     // torch_tpu::run_graph id; -1: gather the views, then run the op normally
   int64_t precision = 0;  // matmul precision it was built for
   std::vector<at::Tensor> consts;
   std::vector<int64_t> sym_group, sym_upper, sym_bucket;  // per program symbol
@@ -199,7 +199,7 @@ struct Plan {
   bool layout_op = false;
 };
 
-// One call's tensors as the fast path sees them.
+// Key bytes.
 template <class T>
 void put(std::string& k, T v) { k.append(reinterpret_cast<const char*>(&v), sizeof v); }
 void put_ints(std::string& k, c10::IntArrayRef xs) {
@@ -207,6 +207,7 @@ void put_ints(std::string& k, c10::IntArrayRef xs) {
   k.append(reinterpret_cast<const char*>(xs.data()), xs.size() * sizeof(int64_t));
 }
 
+// One call's tensor argument as the fast path sees it.
 struct Slot {
   at::Tensor t;      // program input: the tensor, or a dynamic view extended to its capacity
   int64_t group = -1;  // dynamic: index of its real size among the call's distinct sizes
@@ -593,7 +594,7 @@ void plan_op(int64_t graph, int64_t precision, at::TensorList consts, c10::IntAr
   auto& list = plans[pending_key];
   for (const auto& q : list)
     if (q->graph == p->graph && q->sym_bucket == p->sym_bucket && q->precision == p->precision) return;
-  if (list.size() < 8) list.push_back(std::move(p));
+  if (list.size() < 32) list.push_back(std::move(p));  // buckets (and guard variants) per key
 }
 
 // Python declined the call it is running whatever its sizes (the op mutates, draws random
