@@ -215,6 +215,25 @@ def test_fast_path_equals_python_path() -> None:
     assert st["bucketed_calls"] == counts[False]["bucketed_calls"], (st, counts[False])
 
 
+def test_fast_path_follows_matmul_precision() -> None:
+    torch.manual_seed(0)
+    a, w = torch.randn(1, 20, 64), torch.randn(64, 64)
+    ad, wd = _dyn(a), w.to(TPU)
+    prev = torch.get_float32_matmul_precision()
+    errs = {}
+    try:
+        for p in ("highest", "medium", "highest", "medium"):
+            torch.set_float32_matmul_precision(p)
+            eager_dynamic.reset_stats()
+            for _ in range(3):
+                r = ad @ wd
+            errs.setdefault(p, []).append(float((r.cpu() - a @ w).abs().max()))
+            assert eager_dynamic.stats()["fast_calls"] >= 2  # each precision has its own plan
+    finally:
+        torch.set_float32_matmul_precision(prev)
+    assert max(errs["highest"]) < 1e-4 < min(errs["medium"]), errs  # medium: bf16 passes
+
+
 def test_cat_with_static_pieces_anywhere() -> None:
     # Static pieces are written at their runtime offset (a scatter of their rows), dynamic ones
     # gathered; the result's bucket grows when the real result would not fit.

@@ -425,7 +425,7 @@ class _Traced:
             else:
                 self.out_plan.append(("plain", 0, None, None))
                 self.out_exprs.append(0)
-        self.plans: dict[tuple, Any] = {}  # bucket -> fast-path plan (None: the plan cannot express it)
+        self.plans: dict[tuple, Any] = {}  # (bucket, precision) -> fast-path plan (None: cannot express it)
 
     def admits(self, values: dict[int, int]) -> bool:
         if len(values) != len(self.symbols):
@@ -473,9 +473,13 @@ class _Traced:
         g = self.graph
         b = g._buckets(values, args, buffers)
         bucket = tuple(b[s] for s in g.symbols + g.int_symbols)
-        plan = self.plans.get(bucket, False)
+        from torch_tpu import _C
+
+        precision = _C._matmul_precision()  # the program for the contraction precision now
+        plan = self.plans.get((bucket, precision), False)
         if plan is False:
-            plan = self.plans[bucket] = _plan(self, b, bucket, buffers, [i in dyn for i in self.slots])
+            plan = self.plans[(bucket, precision)] = _plan(self, b, bucket, buffers, [i in dyn for i in self.slots],
+                                                           precision)
         if plan is not None:
             torch.ops.torch_tpu._dynamic_plan(*plan)
 
@@ -505,8 +509,8 @@ def _poly(e: Any, groups: dict[Any, int]) -> list[int] | None:
     return [len(terms), const] + [x for t in terms for x in t]
 
 
-def _plan(entry: _Traced, b: dict[Any, int], bucket: tuple, buffers: list[Any], is_dyn: list[bool]
-          ) -> tuple[int, int, list[torch.Tensor], list[int]] | None:
+def _plan(entry: _Traced, b: dict[Any, int], bucket: tuple, buffers: list[Any], is_dyn: list[bool],
+          precision: int) -> tuple[int, int, list[torch.Tensor], list[int]] | None:
     """The arguments of torch_tpu::_dynamic_plan for one bucket of a trace, or None when the fast
     path cannot run it (inputs padded per call, an int-valued symbol, an unusual expression)."""
     import sympy
@@ -574,7 +578,8 @@ def _plan(entry: _Traced, b: dict[Any, int], bucket: tuple, buffers: list[Any], 
         outs += [*spec, {"int": 0, "dyn": 1, "plain": 2}[okind], d, *p, -1 if hi is None else hi]
     data += outs
     data.append(1 if entry.layout_op else 0)
-    return prog.gid, prog.desc["precision"], list(prog.consts), data
+    gid = prog.gid if precision == prog.desc["precision"] else prog._program_for(precision)
+    return gid, precision, list(prog.consts), data
 
 
 def _mark_buffer(o: torch.Tensor, d: int, hi: int | None) -> None:
