@@ -238,6 +238,7 @@ std::shared_mutex plans_mu;
 std::unordered_map<std::string, std::vector<std::shared_ptr<const Plan>>> plans;
 std::atomic<int64_t> fast_calls{0};
 std::atomic<bool> fast_enabled{true};
+std::atomic<int64_t> fast_declines{0};
 thread_local std::string pending_key;  // the missed call's key while Python runs it
 constexpr size_t kMaxPlanKeys = 16384;
 
@@ -633,6 +634,9 @@ bool fast_enable_op(bool on) { return fast_enabled.exchange(on); }
 int64_t fast_gathers_op(bool reset) {
   return reset ? fast_gathers.exchange(0, std::memory_order_relaxed) : fast_gathers.load(std::memory_order_relaxed);
 }
+int64_t fast_declines_op(bool reset) {
+  return reset ? fast_declines.exchange(0, std::memory_order_relaxed) : fast_declines.load(std::memory_order_relaxed);
+}
 void clear_plans_op() {
   std::unique_lock<std::shared_mutex> lock(plans_mu);
   plans.clear();
@@ -668,7 +672,10 @@ bool maybe_handle(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
         std::shared_lock<std::shared_mutex> lock(plans_mu);
         auto it = plans.find(key);
         if (it != plans.end()) {
-          if (it->second.empty()) return false;  // Python declined this call for any sizes
+          if (it->second.empty()) {  // Python declined this call for any sizes
+            fast_declines.fetch_add(1, std::memory_order_relaxed);
+            return false;
+          }
           for (const auto& p : it->second)
             if (values.empty() ? p->graph < 0 : p->graph >= 0 && admits(*p, values)) { plan = p; break; }
         }
@@ -745,6 +752,7 @@ TORCH_LIBRARY_FRAGMENT(torch_tpu, m) {
   m.def("_dynamic_passthrough() -> ()");
   m.def("_dynamic_gather_plan(Tensor t, int graph, Tensor[] consts) -> ()");
   m.def("_dynamic_fast_gathers(bool reset=False) -> int");
+  m.def("_dynamic_fast_declines(bool reset=False) -> int");
   m.def("_dynamic_clear_plans() -> ()");
 }
 
@@ -760,6 +768,7 @@ TORCH_LIBRARY_IMPL(torch_tpu, CompositeExplicitAutograd, m) {
   m.impl("_dynamic_passthrough", &passthrough_op);
   m.impl("_dynamic_gather_plan", &gather_plan_op);
   m.impl("_dynamic_fast_gathers", &fast_gathers_op);
+  m.impl("_dynamic_fast_declines", &fast_declines_op);
   m.impl("_dynamic_clear_plans", &clear_plans_op);
 }
 

@@ -51,11 +51,14 @@ def set_fast_path(on: bool) -> bool:
 
 def stats() -> dict[str, Any]:
     """Copy of EAGER: bucketed calls (fast_calls of them served by the C++ fast path),
-    runtime-offset gathers, declined calls and why per op."""
+    runtime-offset gathers (fast_gathers in C++), declined calls (with the ones C++ sent to the
+    normal path at once) and why per op."""
     fast = int(torch.ops.torch_tpu._dynamic_fast_calls(False)) if _installed[0] else 0
     gathers = int(torch.ops.torch_tpu._dynamic_fast_gathers(False)) if _installed[0] else 0
+    declines = int(torch.ops.torch_tpu._dynamic_fast_declines(False)) if _installed[0] else 0
     return {**EAGER, "bucketed_calls": EAGER["bucketed_calls"] + fast, "fast_calls": fast,
-            "gathers": EAGER["gathers"] + gathers, "fast_gathers": gathers, "declined": dict(EAGER["declined"])}
+            "gathers": EAGER["gathers"] + gathers, "fast_gathers": gathers,
+            "declined_calls": EAGER["declined_calls"] + declines, "declined": dict(EAGER["declined"])}
 
 
 def reset_stats() -> None:
@@ -65,6 +68,7 @@ def reset_stats() -> None:
     if _installed[0]:
         torch.ops.torch_tpu._dynamic_fast_calls(True)
         torch.ops.torch_tpu._dynamic_fast_gathers(True)
+        torch.ops.torch_tpu._dynamic_fast_declines(True)
 
 
 _DTYPES = {"Float": torch.float32, "Double": torch.float64, "Half": torch.float16, "BFloat16": torch.bfloat16,
