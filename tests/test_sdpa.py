@@ -129,7 +129,8 @@ def test_loose_shift_bound_is_recomputed_exactly() -> None:
 @pytest.mark.parametrize("case", ["gqa_bool_mask_dead_row", "gqa_causal", "float_mask", "loose_bound"])
 def test_large_scores_take_the_blocked_forward(case: str, tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     # Scores over 8 MiB ([B*Hkv, G*L, S] = [2, 1100, 1030] f32) run as a loop over blocks of query
-    # rows (509 here: 2 blocks and an 82-row tail); rows, masks and GQA groups must line up.
+    # rows (509 here: 2 blocks and an 82-row tail), forward and backward (dK/dV accumulated over
+    # the blocks); rows, masks and GQA groups must line up.
     monkeypatch.setenv("TORCH_TPU_DUMP_DIR", str(tmp_path))
     torch.manual_seed(9)
     if case == "float_mask":
@@ -149,7 +150,14 @@ def test_large_scores_take_the_blocked_forward(case: str, tmp_path, monkeypatch)
         qkv, m = _inputs(1, 4, 2, 550, 1030, 8, 8, torch.float32, "bool")
         m[0, 0, 549, :] = False  # the tail's last row attends to nothing
         _check(qkv, m, atol=2e-5, rtol=2e-5, enable_gqa=True)
-    assert any("stablehlo.while" in f.read_text() for f in tmp_path.glob("*.mlir"))
+    texts = [f.read_text() for f in tmp_path.glob("*.mlir")]
+
+    def looped(op: str) -> bool:
+        return any(t.startswith(f"// aten::{op}\n") and "stablehlo.while" in t for t in texts)
+
+    assert looped("_scaled_dot_product_fused_attention_overrideable")
+    # The backward loops too, except with a float mask (its gradient is the whole dS).
+    assert looped("_scaled_dot_product_fused_attention_overrideable_backward") == (case != "float_mask")
 
 
 def test_three_d_inputs_in_fused_eager_mode() -> None:

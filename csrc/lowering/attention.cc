@@ -347,6 +347,75 @@ Rows attend_blocked(Builder& b, Value q3, Value k3, Value v1, const std::optiona
   return all;
 }
 
+// Gradients of one block of query rows qr [N, R, E] (rows r0.. of M) without dropout or float
+// bias: P = exp(s - lse) rebuilt from the saved logsumexp (0 on fully masked rows, lse -inf),
+// dS = P * (dP - D) with D = rowsum(dO * O) (= rowsum(P * dP), FlashAttention's identity).
+// -> dQ rows [N, R, E] and the block's contributions to dK [N, S, E] and dV [N, S, Ev].
+struct BlockGrads {
+  Value dq, dk, dv;
+};
+BlockGrads grads_rows(Builder& b, Value qr, Value k3, Value v3, Value dout, Value lse, Value D,
+                      const std::optional<Value>& mask, bool causal, Value r0, const Dims& d, ElemType t,
+                      double scale) {
+  Value s = scores_rows(b, qr, k3, mask, causal, r0, d, t, scale);
+  const Shape s3 = s.shape(), s2{s3[0], s3[1]};
+  Value dead = b.compare(Cmp::EQ, lse, b.lowest(t, s2));
+  Value lse_safe = b.select(dead, b.zeros(Type{t, s2}), lse);
+  Value probs = b.exp(b.sub(s, b.broadcast_in_dim(lse_safe, s3, {0, 1})));
+  probs = b.select(b.broadcast_in_dim(dead, s3, {0, 1}), b.zeros(Type{t, s3}), probs);
+  Value dv = b.dot_general(probs, dout, {0}, {0}, {1}, {1}, t);  // [N, S, Ev]
+  Value dp = b.dot_general(dout, v3, {0}, {0}, {2}, {2}, t);     // [N, R, S]
+  Value dss = b.mul(b.mul(probs, b.sub(dp, b.broadcast_in_dim(D, s3, {0, 1}))), b.constant_f(scale, t, s3));
+  Value dq = b.dot_general(dss, k3, {0}, {0}, {2}, {1}, t);  // [N, R, E]
+  Value dk = b.dot_general(dss, qr, {0}, {0}, {1}, {1}, t);  // [N, S, E]
+  return {dq, dk, dv};
+}
+
+// The backward over blocks of R query rows in a stablehlo.while (a static tail block for M % R
+// rows), dK and dV accumulated in the loop state: no [N, M, S] tensor is materialized.
+std::vector<Value> grads_blocked(Builder& b, Value q3, Value k3, Value v3, Value dout, Value lse, Value D,
+                                 const std::optional<Value>& mask3, bool causal, const Dims& d, ElemType t,
+                                 double scale, int64_t R) {
+  const ElemType I = ElemType::S64;
+  const int64_t nb = d.M() / R, tail_start = nb * R;
+  std::vector<Value> init{b.constant_i(0, I),
+                          b.zeros(Type{t, {d.N(), d.M(), d.E}}),
+                          b.zeros(Type{t, {d.N(), d.S, d.E}}),
+                          b.zeros(Type{t, {d.N(), d.S, d.Ev}}),
+                          q3, k3, v3, dout, lse, D};
+  if (mask3) init.push_back(*mask3);
+  std::vector<Value> st = b.while_loop(
+      init, [&](const std::vector<Value>& s) { return b.compare(Cmp::LT, s[0], b.constant_i(nb, I)); },
+      [&](const std::vector<Value>& s) {
+        Value z = b.constant_i(0, I), r0 = b.mul(s[0], b.constant_i(R, I));
+        std::optional<Value> mask;
+        if (mask3) mask = b.dynamic_slice(s[10], {z, r0, z}, {d.N(), R, d.S});
+        auto rows = [&](Value x, int64_t w) { return b.dynamic_slice(x, {z, r0, z}, {d.N(), R, w}); };
+        Value lse_r = b.dynamic_slice(s[8], {z, r0}, {d.N(), R}), D_r = b.dynamic_slice(s[9], {z, r0}, {d.N(), R});
+        BlockGrads g = grads_rows(b, rows(s[4], d.E), s[5], s[6], rows(s[7], d.Ev), lse_r, D_r, mask, causal, r0, d,
+                                  t, scale);
+        std::vector<Value> next = s;
+        next[0] = b.add(s[0], b.constant_i(1, I));
+        next[1] = b.dynamic_update_slice(s[1], g.dq, {z, r0, z});
+        next[2] = b.add(s[2], g.dk);
+        next[3] = b.add(s[3], g.dv);
+        return next;
+      });
+  Value dq = st[1], dk = st[2], dv = st[3];
+  if (tail_start < d.M()) {
+    auto rows = [&](Value x, int64_t w) { return b.slice(x, {0, tail_start, 0}, {d.N(), d.M(), w}); };
+    std::optional<Value> mask;
+    if (mask3) mask = rows(*mask3, d.S);
+    BlockGrads g = grads_rows(b, rows(q3, d.E), k3, v3, rows(dout, d.Ev), b.slice(lse, {0, tail_start}, d.rows()),
+                              b.slice(D, {0, tail_start}, d.rows()), mask, causal, b.constant_i(tail_start, I), d, t,
+                              scale);
+    dq = b.dynamic_update_slice(dq, g.dq, {b.constant_i(0, I), b.constant_i(tail_start, I), b.constant_i(0, I)});
+    dk = b.add(dk, g.dk);
+    dv = b.add(dv, g.dv);
+  }
+  return {dq, dk, dv};
+}
+
 }  // namespace
 
 // -> (output, logsumexp, cum_seq_q, cum_seq_k, philox_seed, philox_offset, debug_attn_mask);
@@ -385,6 +454,15 @@ TPU_LOWER_WITH(_scaled_dot_product_fused_attention_overrideable, .random = true,
   return {out, b.convert(lse, ElemType::F32), none, none, seed_out, offset_out, none};
 }
 
+// Whether the backward must return the float attn_bias's gradient (a bool mask has none; an
+// unrequested one is an undefined output, not of the bias's rank).
+static bool bias_grad_wanted(const OpCall& c) {
+  if (!c.has("attn_bias") || c.tensor("attn_bias").elem() == ElemType::Pred) return false;
+  const Arg* m = c.find("grad_input_mask");
+  if (m && m->kind == Arg::Kind::IntList && m->ints.size() == 4 && m->ints[3] == 0) return false;
+  return out_type(c, 3).shape.size() == static_cast<size_t>(c.tensor("attn_bias").rank());
+}
+
 // -> (grad_query, grad_key, grad_value, grad_attn_bias), from the saved logsumexp.
 TPU_LOWER(_scaled_dot_product_fused_attention_overrideable_backward) {
   Value q = c.tensor("query"), k = c.tensor("key"), v = c.tensor("value");
@@ -396,6 +474,14 @@ TPU_LOWER(_scaled_dot_product_fused_attention_overrideable_backward) {
   Value q3 = grouped_q(b, q, d, d.E, t);
   Value k3 = kv3(b, k, d, d.E, t), v3 = kv3(b, v, d, d.Ev, t);
   Value dout = grouped_q(b, c.tensor("grad_out"), d, d.Ev, t);
+  if (int64_t rows = p > 0 || bias_grad_wanted(c) ? 0 : block_rows(d, t)) {
+    // Without dropout or a bias gradient (which is dS itself), large scores take the loop.
+    Value lse = b.reshape(b.convert(c.tensor("logsumexp"), t), s2);
+    Value D = b.reduce(b.mul(dout, grouped_q(b, c.tensor("out"), d, d.Ev, t)), b.zeros(Type{t, {}}), {2}, "add");
+    std::vector<Value> g = grads_blocked(b, q3, k3, v3, dout, lse, D, bias_scores(b, c, d), c.bool_("is_causal"), d,
+                                         t, scale, rows);
+    return {g[0], g[1], g[2], b.zeros(Type{t, out_type(c, 3).shape})};
+  }
   Value s = scores(b, c, q3, k3, d, t, scale);
 
   // P = exp(s - lse); rows whose lse is -inf were fully masked: P = 0 there.
@@ -425,8 +511,7 @@ TPU_LOWER(_scaled_dot_product_fused_attention_overrideable_backward) {
 
   // (A bool mask has no gradient; an undefined grad_attn_bias output ignores the value.)
   Value dbias = b.zeros(Type{t, out_type(c, 3).shape});
-  if (c.has("attn_bias") && c.tensor("attn_bias").elem() != ElemType::Pred &&
-      out_type(c, 3).shape.size() == static_cast<size_t>(c.tensor("attn_bias").rank())) {
+  if (bias_grad_wanted(c)) {
     // The bias gradient is dS summed over the dims the bias was broadcast along.
     Shape target = bias_target(d);
     const Shape bs = c.tensor("attn_bias").shape();
