@@ -42,3 +42,63 @@ def test_shape_mistake_under_fallback_error_names_the_shape_problem() -> None:
     assert out.returncode == 0, out.stderr
     assert "refused its arguments" in out.stdout and "broadcast" in out.stdout, out.stdout
     assert "no tpu lowering" not in out.stdout and "At:" not in out.stdout, out.stdout
+
+
+def test_compiled_function_with_cpu_tensors_runs_like_eager() -> None:
+    """CPU tensors inside a compiled graph (a CPU mask moved to tpu, CPU math, `.cpu()` of a result)
+    run on the CPU between tpu pieces, as with CUDA; forward and backward equal CPU, no warning."""
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(4, 4)
+    dev = torch.nn.Linear(4, 4).to("tpu")
+    dev.load_state_dict(lin.state_dict())
+    mask = (torch.arange(12).reshape(3, 4) % 2).float()
+
+    def step(layer: torch.nn.Module, x: torch.Tensor, m: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        y = layer(x) * m.to(x.device)
+        return y.sum(), y.detach().cpu(), m * 2
+
+    torch._dynamo.reset()
+    x = torch.randn(3, 4)
+    xd = x.to("tpu").requires_grad_()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)
+        loss, host, doubled = torch.compile(step, backend="tpu")(dev, xd, mask)
+    loss.backward()
+    xc = x.clone().requires_grad_()
+    ref_loss, ref_host, ref_doubled = step(lin, xc, mask)
+    ref_loss.backward()
+    assert host.device.type == "cpu" and doubled.device.type == "cpu" and loss.device.type == "tpu"
+    torch.testing.assert_close(loss.cpu(), ref_loss.detach())
+    torch.testing.assert_close(host, ref_host)
+    torch.testing.assert_close(doubled, ref_doubled)
+    torch.testing.assert_close(xd.grad.cpu(), xc.grad)
+    torch.testing.assert_close(dev.weight.grad.cpu(), lin.weight.grad)
+
+
+def test_torch_tpu_eager_mode_names_as_in_the_reference() -> None:
+    """torch.tpu.EagerMode / set_eager_mode / the settable torch.tpu.eager_mode; refused inside compile."""
+    modes = torch.tpu.EagerMode
+    assert torch.tpu.eager_mode == modes.DEFER_NEVER
+    x = torch.randn(4, 3)
+    try:
+        torch.tpu.eager_mode = modes.DEFER_AND_FUSE
+        assert torch_tpu.get_eager_mode() == modes.DEFER_AND_FUSE
+        y = (x.to("tpu") * 2).exp()
+        with torch.tpu.set_eager_mode(modes.DEFER_NEVER_AND_LAUNCH_BLOCKING):
+            assert torch.tpu.eager_mode == modes.DEFER_NEVER_AND_LAUNCH_BLOCKING
+            z = y + 1
+        assert torch.tpu.eager_mode == modes.DEFER_AND_FUSE
+        torch.testing.assert_close(z.cpu(), (x * 2).exp() + 1)
+        with pytest.raises(TypeError, match="EagerMode"):
+            torch.tpu.eager_mode = "fast"
+    finally:
+        torch.tpu.eager_mode = modes.DEFER_NEVER
+
+    def switches(t: torch.Tensor) -> torch.Tensor:
+        torch.tpu.set_eager_mode(modes.DEFER_AND_FUSE)
+        return t + 1
+
+    torch._dynamo.reset()
+    with pytest.raises(Exception, match="inside torch.compile"):
+        torch.compile(switches, backend="tpu", fullgraph=True)(x.to("tpu"))
+    assert torch.tpu.eager_mode == modes.DEFER_NEVER

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sys
+import types
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -333,3 +335,21 @@ def default_stream(device: _DeviceLike = None) -> Stream:
 @contextlib.contextmanager
 def stream(s: Stream | None) -> Iterator[None]:
     yield
+
+
+# Eager modes as the TPU reference spells them on torch.tpu: EagerMode, set_eager_mode(mode)
+# (a call or a context manager), get_eager_mode() and the settable property torch.tpu.eager_mode.
+from torch_tpu._internal.execution_mode import EagerMode, get_eager_mode, set_eager_mode  # noqa: E402, F401
+
+
+class _DeviceModule(types.ModuleType):
+    @property
+    def eager_mode(self) -> EagerMode:
+        return get_eager_mode()
+
+    @eager_mode.setter
+    def eager_mode(self, mode: EagerMode) -> None:
+        set_eager_mode(mode)
+
+
+sys.modules[__name__].__class__ = _DeviceModule
