@@ -102,3 +102,17 @@ def test_torch_tpu_eager_mode_names_as_in_the_reference() -> None:
     with pytest.raises(Exception, match="inside torch.compile"):
         torch.compile(switches, backend="tpu", fullgraph=True)(x.to("tpu"))
     assert torch.tpu.eager_mode == modes.DEFER_NEVER
+
+
+def test_event_timing_and_stream_helpers_like_cuda() -> None:
+    start, end = torch.tpu.Event(enable_timing=True), torch.tpu.Event(enable_timing=True)
+    start.record()
+    y = torch.randn(64, 64, device="tpu") @ torch.randn(64, 64, device="tpu")
+    end.record()
+    end.synchronize()
+    assert start.elapsed_time(end) > 0.0
+    with pytest.raises(RuntimeError, match="enable_timing"):
+        torch.tpu.Event().elapsed_time(end)
+    torch.tpu.set_stream(torch.tpu.current_stream())
+    with torch.tpu.device_of(y):
+        assert torch.tpu.current_device() == y.get_device()
