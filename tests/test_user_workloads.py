@@ -116,3 +116,28 @@ def test_event_timing_and_stream_helpers_like_cuda() -> None:
     torch.tpu.set_stream(torch.tpu.current_stream())
     with torch.tpu.device_of(y):
         assert torch.tpu.current_device() == y.get_device()
+
+
+def test_random_factories_stay_inside_compiled_graphs_with_eager_draws() -> None:
+    """torch.randn/rand/randint(_like) in a compiled function: one program (no eager pieces), the
+    same numbers as eager under the same seed, and the generator advanced as eager advances it."""
+    a = torch.zeros(4, 5, device="tpu")
+
+    def draws(t: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return (torch.randn(3, 2, device="tpu"), torch.rand(7, device="tpu", dtype=torch.bfloat16),
+                torch.randint(2, 9, (5,), device="tpu"), torch.randint(4, (2, 2), device="tpu"),
+                torch.randn_like(t), torch.rand_like(t), torch.randint_like(t, 3, 9), t + 1)
+
+    torch._dynamo.reset()
+    before = torch_tpu.compile_stats()["partitioned_graphs"]
+    torch.manual_seed(11)
+    eager = [draws(a), draws(a)]
+    torch.manual_seed(11)
+    compiled = torch.compile(draws, backend="tpu", fullgraph=True)
+    got = [compiled(a), compiled(a)]
+    assert torch_tpu.compile_stats()["partitioned_graphs"] == before
+    for e_call, c_call in zip(eager, got, strict=True):
+        for e, c in zip(e_call, c_call, strict=True):
+            assert e.dtype == c.dtype and e.shape == c.shape
+            assert torch.equal(e.cpu(), c.cpu())
+    assert not torch.equal(got[0][0].cpu(), got[1][0].cpu())

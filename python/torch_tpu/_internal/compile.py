@@ -631,9 +631,58 @@ def decompositions() -> dict[Any, Callable]:
 
     table = core_aten_decompositions()
     lowered = _lowered_names()
-    return {op: fn for op, fn in table.items()
-            if not (isinstance(op, torch._ops.OpOverload) and op._schema.name.startswith("aten::")
-                    and op._schema.name[len("aten::"):] in lowered)}
+    return {**{op: fn for op, fn in table.items()
+               if not (isinstance(op, torch._ops.OpOverload) and op._schema.name.startswith("aten::")
+                       and op._schema.name[len("aten::"):] in lowered)}, **_random_factories()}
+
+
+def _random_factories() -> dict[Any, Callable]:
+    """rand/randn/randint(_like) as eager runs them (empty + uniform_/normal_/random_, in functional
+    form): one lowering and one draw rule, so compiled draws equal eager ones and the factories
+    stay inside the program."""
+    aten = torch.ops.aten
+    random_from = getattr(aten.random, "from")  # a Python keyword
+
+    def empty(size: Any, dtype: Any, device: Any) -> torch.Tensor:
+        return aten.empty.memory_format(size, dtype=dtype, device=device)
+
+    def like(x: torch.Tensor, dtype: Any, device: Any) -> tuple[Any, Any]:
+        return x.shape, dtype or x.dtype, device or x.device
+
+    def randn(size: Any, *, dtype: Any = None, layout: Any = None, device: Any = None,
+              pin_memory: Any = None) -> torch.Tensor:
+        return aten.normal.float_float(0.0, 1.0, size, dtype=dtype or torch.get_default_dtype(), device=device)
+
+    def rand(size: Any, *, dtype: Any = None, layout: Any = None, device: Any = None,
+             pin_memory: Any = None) -> torch.Tensor:
+        return aten.uniform.default(empty(size, dtype or torch.get_default_dtype(), device), 0.0, 1.0)
+
+    def randint_low(low: int, high: int, size: Any, *, dtype: Any = None, layout: Any = None,
+                    device: Any = None, pin_memory: Any = None) -> torch.Tensor:
+        return random_from(empty(size, dtype or torch.int64, device), low, high)
+
+    def randint(high: int, size: Any, **kw: Any) -> torch.Tensor:
+        return randint_low(0, high, size, **kw)
+
+    def randn_like(x: torch.Tensor, *, dtype: Any = None, layout: Any = None, device: Any = None,
+                   pin_memory: Any = None, memory_format: Any = None) -> torch.Tensor:
+        size, dt, dev = like(x, dtype, device)
+        return aten.normal.float_float(0.0, 1.0, size, dtype=dt, device=dev)
+
+    def rand_like(x: torch.Tensor, *, dtype: Any = None, layout: Any = None, device: Any = None,
+                  pin_memory: Any = None, memory_format: Any = None) -> torch.Tensor:
+        return aten.uniform.default(empty(*like(x, dtype, device)), 0.0, 1.0)
+
+    def randint_like_low(x: torch.Tensor, low: int, high: int, *, dtype: Any = None, layout: Any = None,
+                         device: Any = None, pin_memory: Any = None, memory_format: Any = None) -> torch.Tensor:
+        return random_from(empty(*like(x, dtype, device)), low, high)
+
+    def randint_like(x: torch.Tensor, high: int, **kw: Any) -> torch.Tensor:
+        return randint_like_low(x, 0, high, **kw)
+
+    return {aten.randn.default: randn, aten.rand.default: rand, aten.randint.default: randint,
+            aten.randint.low: randint_low, aten.randn_like.default: randn_like, aten.rand_like.default: rand_like,
+            aten.randint_like.default: randint_like, aten.randint_like.low_dtype: randint_like_low}
 
 
 _SUPPORTED_DTYPES = frozenset(_DTYPE_INDEX)
