@@ -141,3 +141,19 @@ def test_random_factories_stay_inside_compiled_graphs_with_eager_draws() -> None
             assert e.dtype == c.dtype and e.shape == c.shape
             assert torch.equal(e.cpu(), c.cpu())
     assert not torch.equal(got[0][0].cpu(), got[1][0].cpu())
+
+
+def test_graph_with_a_tensor_constant_is_saved_to_the_aot_cache() -> None:
+    """A graph holding a tensor constant (torch.tensor([...]) in forward, as GPT-2's does) is saved
+    to AOTAutograd's cache (was dropped with 'Can't pickle ... WeakValueDictionary': the constant was
+    copied to the host under AOTAutograd's fake mode)."""
+    import torch._functorch.config as functorch_config
+
+    def f(x: torch.Tensor) -> torch.Tensor:
+        return torch.cat([x.flatten(), torch.tensor([], device=x.device), torch.tensor([2.0, 3.0], device=x.device)]) * 2
+
+    torch._dynamo.reset()
+    x = torch.arange(4.0).reshape(2, 2)
+    with functorch_config.patch(strict_autograd_cache=True, enable_autograd_cache=True):
+        out = torch.compile(f, backend="tpu", fullgraph=True)(x.to("tpu"))
+    torch.testing.assert_close(out.cpu(), f(x))
