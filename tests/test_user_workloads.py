@@ -157,3 +157,44 @@ def test_graph_with_a_tensor_constant_is_saved_to_the_aot_cache() -> None:
     with functorch_config.patch(strict_autograd_cache=True, enable_autograd_cache=True):
         out = torch.compile(f, backend="tpu", fullgraph=True)(x.to("tpu"))
     torch.testing.assert_close(out.cpu(), f(x))
+
+
+def _rnn_grads(module: torch.nn.Module, *inputs: torch.Tensor) -> list[torch.Tensor]:
+    outs = module(*inputs)
+    flat: list[torch.Tensor] = []
+    stack = [outs]
+    while stack:
+        o = stack.pop(0)
+        if isinstance(o, torch.Tensor):
+            flat.append(o)
+        else:
+            stack.extend(o)
+    sum((o.float() * (k + 1)).sum() for k, o in enumerate(flat)).backward()
+    return [o.detach() for o in flat] + [p.grad for p in module.parameters()] + [i.grad for i in inputs]
+
+
+@pytest.mark.parametrize("case", ["lstm", "gru", "lstm_cell", "gru_cell", "lstm_bf16"])
+def test_recurrent_layers_match_cpu(case: str, no_fallback: None) -> None:
+    """nn.LSTM / nn.GRU / their cells call the fused cell ops PyTorch provides for CUDA only (no
+    CPU kernel to fall back to: they failed outright on tpu); forward, state and gradients vs CPU."""
+    import copy
+
+    torch.manual_seed(0)
+    modules = {
+        "lstm": lambda: torch.nn.LSTM(5, 4, num_layers=2, bidirectional=True, batch_first=True),
+        "gru": lambda: torch.nn.GRU(5, 4, num_layers=2, bias=False),
+        "lstm_cell": lambda: torch.nn.LSTMCell(5, 4, bias=False),
+        "gru_cell": lambda: torch.nn.GRUCell(5, 4),
+        "lstm_bf16": lambda: torch.nn.LSTM(5, 4, proj_size=3, batch_first=True).to(torch.bfloat16),
+    }
+    cpu = modules[case]()
+    dtype = next(cpu.parameters()).dtype
+    x = torch.randn(3, 6, 5) if "cell" not in case else torch.randn(6, 5)
+    extra = [torch.randn(6, 4)] if case == "gru_cell" else []
+    inputs = [t.to(dtype).requires_grad_() for t in [x, *extra]]
+    ref = _rnn_grads(cpu, *inputs)
+    dev = copy.deepcopy(cpu).to("tpu")
+    got = _rnn_grads(dev, *[t.detach().to("tpu").requires_grad_() for t in inputs])
+    tol = 1e-5 if dtype == torch.float32 else 4e-2
+    for r, g in zip(ref, got, strict=True):
+        torch.testing.assert_close(g.cpu(), r, atol=tol, rtol=tol)
