@@ -198,3 +198,36 @@ def test_recurrent_layers_match_cpu(case: str, no_fallback: None) -> None:
     tol = 1e-5 if dtype == torch.float32 else 4e-2
     for r, g in zip(ref, got, strict=True):
         torch.testing.assert_close(g.cpu(), r, atol=tol, rtol=tol)
+
+
+@pytest.mark.xfail(strict=True, reason="csrc/lowering/grouped_mm.cc (helper i10's file): the XLA (windowed) "
+                   "ragged_dot_weight_grad path does not clip group ends to M, so a group starting past the "
+                   "rows gets a non-zero gradient (the forward clips; the host-kernel path is right)")
+def test_ragged_dot_weight_grad_groups_past_the_rows_are_zero() -> None:
+    """sum(group_sizes) > M: the forward clips the groups to the M rows (as the CPU kernel does),
+    so the weight gradient of a group with no rows must be zero."""
+    import torch.tpu.ops as ops
+
+    g = torch.Generator().manual_seed(0)
+    lhs, grad = torch.randn(12, 3, generator=g), torch.randn(12, 2, generator=g)
+    sizes = torch.tensor([5, 5, 5, 5])
+    ref = torch.ops.torch_tpu.ragged_dot_weight_grad(lhs, grad, sizes)
+    got = ops.ragged_dot_weight_grad(lhs.to("tpu"), grad.to("tpu"), sizes.to("tpu")).cpu()
+    torch.testing.assert_close(got, ref)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_prelu_runs_on_tpu(dtype: torch.dtype, no_fallback: None) -> None:
+    """nn.PReLU's forward (_prelu_kernel) was a CPU fallback; values and grads vs CPU, NaN kept."""
+    x = torch.randn(2, 3, 4, 5).to(dtype)
+    x[0, 0, 0, 0] = float("nan")
+    w = torch.tensor([0.25, -1.5, 2.0]).to(dtype)
+    xr, wr = x.clone().requires_grad_(), w.clone().requires_grad_()
+    ref = torch.nn.functional.prelu(xr, wr)
+    ref.nan_to_num(0).sum().backward()
+    xd, wd = x.to("tpu").requires_grad_(), w.to("tpu").requires_grad_()
+    out = torch.nn.functional.prelu(xd, wd)
+    out.nan_to_num(0).sum().backward()
+    torch.testing.assert_close(out.cpu(), ref.detach(), equal_nan=True)
+    torch.testing.assert_close(xd.grad.cpu(), xr.grad, equal_nan=True)
+    torch.testing.assert_close(wd.grad.cpu(), wr.grad, equal_nan=True)
