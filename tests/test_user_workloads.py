@@ -231,3 +231,22 @@ def test_prelu_runs_on_tpu(dtype: torch.dtype, no_fallback: None) -> None:
     torch.testing.assert_close(out.cpu(), ref.detach(), equal_nan=True)
     torch.testing.assert_close(xd.grad.cpu(), xr.grad, equal_nan=True)
     torch.testing.assert_close(wd.grad.cpu(), wr.grad, equal_nan=True)
+
+
+@pytest.mark.xfail(strict=True, reason="dispatch/plan (csrc/aten/plan_call.cc, helper i13's area): in-place ops "
+                   "do not run ATen's memory-overlap checks (assert_no_internal_overlap / "
+                   "assert_no_partial_overlap), so writes through an expanded view or into an overlapping "
+                   "input succeed instead of raising like the CPU")
+@pytest.mark.parametrize("case", ["expanded", "partial"])
+def test_inplace_memory_overlap_raises_like_cpu(case: str) -> None:
+    def write(device: str) -> None:
+        if case == "expanded":
+            torch.zeros(1, 3, device=device).expand(2, 3).add_(1)
+        else:
+            t = torch.arange(5.0, device=device)
+            t[1:].add_(t[:-1])
+
+    with pytest.raises(RuntimeError, match="unsupported operation"):
+        write("cpu")
+    with pytest.raises(RuntimeError, match="unsupported operation"):
+        write("tpu")
