@@ -36,28 +36,43 @@ bool fallback_is_error() {
   return v && std::string(v) == "error";
 }
 
+// `why` without the Python traceback a failing Python meta function appends ("\n\nAt:\n ...").
+std::string short_reason(const std::string& why) {
+  auto at = why.find("\n\nAt:");
+  return at == std::string::npos ? why : why.substr(0, at);
+}
+
 }  // namespace
 
 void cpu_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack, const std::string& why) {
   const auto& on = op.schema().operator_name();
   std::string name = on.name + (on.overload_name.empty() ? "" : "." + on.overload_name);
+  const std::string reason = short_reason(why);
   if (fallback_is_error()) {
-    TORCH_CHECK_NOT_IMPLEMENTED(false, "torch_tpu: '", name, "' has no tpu lowering (", why,
+    // A failed meta function is almost always the caller's mistake (mismatched shapes): say that,
+    // not "no tpu lowering".
+    const std::string meta_failed = "meta function failed: ";
+    TORCH_CHECK(reason.rfind(meta_failed, 0) != 0, "torch_tpu: '", name, "' refused its arguments: ",
+                reason.substr(meta_failed.size()), " (PyTorch's shape check; TORCH_TPU_FALLBACK=error keeps "
+                "the call off the CPU)");
+    TORCH_CHECK_NOT_IMPLEMENTED(false, "torch_tpu: '", name, "' has no tpu lowering (", reason,
                                 ") and TORCH_TPU_FALLBACK=error forbids running it on the CPU. "
                                 "Unset TORCH_TPU_FALLBACK to allow the CPU fallback.");
   }
+  // Run first: a call the CPU refuses too (mismatched shapes or devices, a bad argument) raises
+  // PyTorch's own error and is neither counted nor warned about as a fallback.
+  at::native::cpu_fallback(op, stack, false);
   bool warn = false;
   {
     std::lock_guard<std::mutex> lock(stats_mu);
     fallback_counts()[name]++;
-    fallback_reasons()[name] = why;
+    fallback_reasons()[name] = reason;
     warn = warned().insert(name).second;
   }
   if (warn) {
-    TORCH_WARN("torch_tpu: '", name, "' runs on the CPU (", why,
+    TORCH_WARN("torch_tpu: '", name, "' runs on the CPU (", reason,
                "); results are correct but each call copies its tensors to the host and back.");
   }
-  at::native::cpu_fallback(op, stack, false);
 }
 
 std::map<std::string, int64_t> fallback_stats() {

@@ -445,7 +445,15 @@ TPU_LOWER(glu_backward) {
   return {b.concatenate({ga, gb}, d)};
 }
 
-// prelu: y = x > 0 ? x : w * x. (grad_self, grad_weight) elementwise over the broadcast shape.
+// prelu: y = x > 0 ? x : w * x (w already shaped to broadcast by the prelu composite).
+TPU_LOWER(_prelu_kernel) {
+  const Type& o = out_type(c);
+  ElemType t = opmath(o.elem);
+  Value x = operand(b, c.arg("self"), t, o.shape), w = operand(b, c.arg("weight"), t, o.shape);
+  return {b.select(b.compare(Cmp::GT, x, b.zeros(x.type)), x, b.mul(w, x))};
+}
+
+// (grad_self, grad_weight) elementwise over the broadcast shape.
 TPU_LOWER(_prelu_kernel_backward) {
   const Type& o = out_type(c, 0);
   ElemType t = opmath(o.elem);

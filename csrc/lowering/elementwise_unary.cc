@@ -619,6 +619,31 @@ Value zeta_int(Builder& b, int64_t p, Value q) {
 
 TPU_LOWER_ELEMENTWISE(digamma) { return {digamma_impl(b, self_f(b, c))}; }
 
+// lgamma: Lanczos (g = 7, 9 terms) for x >= 0.5, reflection lgamma(x) = log(pi / |sin(pi x)|) -
+// lgamma(1 - x) below; +inf at the poles (0, negative integers) and at +-inf, as std::lgamma.
+// Its backward (grad * digamma) is the lowering above.
+TPU_LOWER_ELEMENTWISE(lgamma) {
+  static const double kLanczos[] = {0.99999999999980993,     676.5203681218851,     -1259.1392167224028,
+                                    771.32342877765313,      -176.61502916214059,   12.507343278686905,
+                                    -0.13857109526572012,    9.9843695780195716e-6, 1.5056327351493116e-7};
+  Value x = self_f(b, c);
+  Value half = like_const(b, 0.5, x), one = like_const(b, 1, x);
+  Value refl = lt(b, x, half);
+  Value z = b.sub(b.select(refl, b.sub(one, x), x), one);  // Lanczos at y = z + 1 >= 0.5
+  Value a = like_const(b, kLanczos[0], x);
+  for (int i = 1; i < 9; ++i) a = b.add(a, b.div(like_const(b, kLanczos[i], x), b.add(z, like_const(b, i, x))));
+  Value t = b.add(z, like_const(b, 7.5, x));
+  Value lanczos = b.add(b.sub(b.add(like_const(b, 0.91893853320467274178, x), b.mul(b.add(z, half), b.log(t))), t),
+                        b.log(a));
+  // |sin(pi x)| = |sin(pi r)| with r = x - round(x) in [-1/2, 1/2], exact near the poles
+  Value sin_pix = b.abs(b.unary("sine", b.mul(like_const(b, kPi, x), b.sub(x, b.unary("round_nearest_even", x)))));
+  Value reflected = b.sub(b.sub(like_const(b, std::log(kPi), x), b.log(sin_pix)), lanczos);
+  Value out = b.select(refl, reflected, lanczos);
+  Value pole = b.and_(le(b, x, like_const(b, 0, x)), eq(b, x, b.floor(x)));  // also -inf
+  Value inf = like_const(b, INFINITY, x);
+  return {b.select(b.or_(pole, eq(b, x, inf)), inf, out)};
+}
+
 TPU_LOWER_ELEMENTWISE(polygamma) {
   int64_t n = c.int_("n");
   Value x = self_f(b, c);

@@ -1,7 +1,7 @@
-// Fused optimizer steps: _fused_adam_, _fused_adamw_, _fused_sgd_ (float or Tensor lr, optional
+// Fused optimizer steps: _fused_adam_, _fused_adamw_, _fused_sgd_, _fused_adagrad_ (float or Tensor lr, optional
 // grad_scale / found_inf, and the .out forms). One program updates every tensor of the lists.
 //
-// The math follows PyTorch's CPU fused kernels (FusedAdamKernel.cpp, FusedSGDKernel.cpp)
+// The math follows PyTorch's CPU fused kernels (FusedAdamKernel.cpp, FusedSGDKernel.cpp, FusedAdagradKernel.cpp)
 // operation by operation: bias corrections and the step size in float64 from the float32 step,
 // then the element math in the parameter's opmath type (float32 for float16/bfloat16) with the
 // double constants rounded to it. found_inf == 1 skips the step entirely (grads included).
@@ -246,6 +246,57 @@ TPU_LOWER_WITH(_fused_sgd, .writes = {{"grads", "grad_scale"}}, .out_overload_wr
   std::set<std::string> written{p_name};
   if (!is_out_overload(c)) {
     written.insert("momentum_buffer_list");  // empty without momentum
+    if (amp.scale) written.insert("grads");
+  } else {
+    check_len(c, list_arg(c, "out"), n, "out");
+  }
+  return emit_results(c, all, written);
+}
+
+// Adagrad (state_steps were already incremented by torch.optim): clr = lr / (1 + (step - 1) lr_decay)
+// in double, then per element sum += g^2; p -= clr g / (sqrt(sum) + eps).
+// The schema marks state_steps mutable but the kernel only reads them: a rule naming no argument
+// ("(never)") keeps them unwritten.
+TPU_LOWER_WITH(_fused_adagrad, .writes = {{"grads", "grad_scale"}, {"state_steps", "(never)"}},
+               .out_overload_writes_only_out = true,
+               .runtime_scalars = {"lr"}) {
+  auto params = list_arg(c, "self");
+  size_t n = params.size();
+  auto grads = list_arg(c, "grads");
+  auto sums = list_arg(c, "state_sums");
+  auto steps = list_arg(c, "state_steps");
+  check_len(c, grads, n, "grads");
+  check_len(c, sums, n, "state_sums");
+  check_len(c, steps, n, "state_steps");
+  double lr_decay = c.double_("lr_decay"), wd = c.double_("weight_decay"), eps = c.double_("eps");
+  bool maximize = c.bool_("maximize");
+  AmpArgs amp = amp_args(b, c);
+  Value lr = lr_f64(b, c);
+  const ElemType F64 = ElemType::F64;
+
+  std::vector<Value> new_p, new_g, new_sum;
+  for (size_t i = 0; i < n; ++i) {
+    const Shape& sh = params[i].shape();
+    ElemType t = opmath(params[i].elem());
+    auto C = [&](double v) { return b.constant_f(v, t, sh); };
+    Value step = one_element(b, b.convert(steps[i], ElemType::F32), F64);
+    Value clr = b.div(lr, b.add(b.constant_f(1.0, F64),
+                                b.mul(b.sub(step, b.constant_f(1.0, F64)), b.constant_f(lr_decay, F64))));
+    Value p = b.convert(params[i], t);
+    Value g = unscaled_grad(b, amp, grads[i], t, new_g);
+    if (maximize) g = b.neg(g);
+    if (wd != 0) g = b.add(g, b.mul(p, C(wd)));
+    Value sum = b.add(b.convert(sums[i], t), b.mul(g, g));
+    Value std = b.add(b.sqrt(sum), C(eps));
+    p = b.sub(p, b.div(b.mul(bcast(b, clr, t, sh), g), std));
+    new_p.push_back(keep_if_skipped(b, amp, params[i], p));
+    new_sum.push_back(keep_if_skipped(b, amp, sums[i], sum));
+  }
+  const std::string p_name = is_out_overload(c) ? "out" : "self";
+  std::map<std::string, std::vector<Value>> all{{p_name, new_p}, {"grads", new_g}, {"state_sums", new_sum}};
+  std::set<std::string> written{p_name};
+  if (!is_out_overload(c)) {
+    written.insert("state_sums");
     if (amp.scale) written.insert("grads");
   } else {
     check_len(c, list_arg(c, "out"), n, "out");

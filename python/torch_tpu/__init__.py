@@ -98,9 +98,10 @@ def _autoload() -> None:
         sys.modules[f"torch.tpu.{sub_name}"] = sub
 
     from torch_tpu._internal import compile as tpu_compile
-    from torch_tpu._internal import execution_mode, integrations, progress
+    from torch_tpu._internal import execution_mode, integrations, meta_kernels, progress
 
     integrations.install()
+    meta_kernels.install()
     progress.install()
 
     tpu_compile.install_default_backend_routing()

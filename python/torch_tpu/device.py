@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sys
+import time
+import types
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -306,9 +309,20 @@ class Stream:
 class Event:
     def __init__(self, enable_timing: bool = False, blocking: bool = False, interprocess: bool = False) -> None:
         self._recorded = False
+        self._timing = enable_timing
+        self._time: float | None = None
 
     def record(self, stream: Stream | None = None) -> None:
         self._recorded = True
+        if self._timing:  # the host clock once the work launched so far is done (one in-order stream)
+            synchronize()
+            self._time = time.perf_counter()
+
+    def elapsed_time(self, end_event: Event) -> float:
+        """Milliseconds between this event and `end_event` (both recorded with enable_timing=True)."""
+        if self._time is None or end_event._time is None:
+            raise RuntimeError("elapsed_time needs two events created with enable_timing=True and recorded")
+        return (end_event._time - self._time) * 1000.0
 
     def synchronize(self) -> None:
         synchronize()
@@ -333,3 +347,30 @@ def default_stream(device: _DeviceLike = None) -> Stream:
 @contextlib.contextmanager
 def stream(s: Stream | None) -> Iterator[None]:
     yield
+
+
+def set_stream(s: Stream) -> None:
+    """One in-order stream per device: nothing to switch."""
+
+
+def device_of(obj: Any) -> device:
+    """Context manager making `obj`'s device current when it is a tpu tensor (as torch.cuda.device_of)."""
+    return device(obj.get_device() if isinstance(obj, torch.Tensor) and obj.device.type == "tpu" else None)
+
+
+# Eager modes as the TPU reference spells them on torch.tpu: EagerMode, set_eager_mode(mode)
+# (a call or a context manager), get_eager_mode() and the settable property torch.tpu.eager_mode.
+from torch_tpu._internal.execution_mode import EagerMode, get_eager_mode, set_eager_mode  # noqa: E402, F401
+
+
+class _DeviceModule(types.ModuleType):
+    @property
+    def eager_mode(self) -> EagerMode:
+        return get_eager_mode()
+
+    @eager_mode.setter
+    def eager_mode(self, mode: EagerMode) -> None:
+        set_eager_mode(mode)
+
+
+sys.modules[__name__].__class__ = _DeviceModule

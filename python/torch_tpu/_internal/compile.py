@@ -463,10 +463,23 @@ def _has_lowering(base: str) -> bool:
     return base in _lowered_names()
 
 
+def _on_host(v: Any) -> bool:
+    """A CPU tensor with elements (0-d CPU tensors are host scalars that programs take as operands)."""
+    if isinstance(v, (list, tuple)):
+        return any(_on_host(x) for x in v)
+    return isinstance(v, torch.Tensor) and v.device.type != "tpu" and v.dim() > 0
+
+
+def _touches_host(n: torch.fx.Node) -> bool:
+    """A node computing on, producing or moving CPU tensors (`b_cpu.to(a.device)`, `x.cpu()`):
+    it runs in eager between the compiled pieces, as the graph asked, on the CPU."""
+    return _on_host(n.meta.get("val")) or any(_on_host(a.meta.get("val")) for a in n.all_input_nodes)
+
+
 def _node_supported(n: torch.fx.Node, bad: set[str]) -> bool:
     """Whether a node can go into a compiled piece (a static guess; lowerings that refuse an
     argument combination are found when building and added to `bad`)."""
-    if n.op != "call_function" or n.name in bad:
+    if n.op != "call_function" or n.name in bad or _touches_host(n):
         return False
     if n.target is operator.getitem:
         src = n.args[0]
@@ -525,9 +538,11 @@ def _split(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], first: Unsup
             n.target is operator.getitem and n.args[0].op == "call_module")]
         STATS["partitioned_graphs"] += 1
         STATS["eager_nodes"] += len(eager)
-        names = sorted({str(n.target) for n in eager})
-        warnings.warn(f"torch_tpu: compiled graph runs as compiled pieces around {len(eager)} eager op(s): "
-                      + ", ".join(names[:8]), stacklevel=3)
+        surprising = [n for n in eager if not _touches_host(n)]  # CPU work the graph asked for is not
+        if surprising:
+            names = sorted({str(n.target) for n in surprising})
+            warnings.warn(f"torch_tpu: compiled graph runs as compiled pieces around {len(surprising)} eager "
+                          "op(s): " + ", ".join(names[:8]), stacklevel=3)
         return split.forward
     raise Unsupported("could not split the graph")
 
@@ -548,11 +563,19 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any],
 
     STATS["graphs"] += 1
     xla = xla_options.encode({**(options or {}), **xla_options.current()})
+    host = next((n for n in gm.graph.nodes if n.op == "call_function" and _touches_host(n)), None)
+    if dynamic_shapes.is_dynamic(gm) and host is not None:  # buckets cannot pad CPU work: correct, op by op
+        STATS["eager_graphs"] += 1
+        warnings.warn(f"torch_tpu: dynamic graph with CPU tensors ({host.target}) runs op by op in eager mode",
+                      stacklevel=2)
+        return TpuOutputCode(make_boxed_func(gm.forward))
     if dynamic_shapes.is_dynamic(gm):  # symbolic sizes: bucketed programs (dynamic_shapes.py)
         _graph_counter[0] += 1
         return TpuOutputCode(dynamic_shapes.DynamicGraph(
             gm, example_inputs, lambda g, ins, name: _Program(g, ins, xla, name), f"graph{_graph_counter[0]}", xla))
     try:
+        if host is not None:  # CPU tensors in the graph: tpu pieces around the CPU work
+            raise Unsupported(f"{host.target} works on CPU tensors", host)
         program = _Program(gm, example_inputs, xla)
     except Unsupported as e:
         try:
@@ -608,9 +631,58 @@ def decompositions() -> dict[Any, Callable]:
 
     table = core_aten_decompositions()
     lowered = _lowered_names()
-    return {op: fn for op, fn in table.items()
-            if not (isinstance(op, torch._ops.OpOverload) and op._schema.name.startswith("aten::")
-                    and op._schema.name[len("aten::"):] in lowered)}
+    return {**{op: fn for op, fn in table.items()
+               if not (isinstance(op, torch._ops.OpOverload) and op._schema.name.startswith("aten::")
+                       and op._schema.name[len("aten::"):] in lowered)}, **_random_factories()}
+
+
+def _random_factories() -> dict[Any, Callable]:
+    """rand/randn/randint(_like) as eager runs them (empty + uniform_/normal_/random_, in functional
+    form): one lowering and one draw rule, so compiled draws equal eager ones and the factories
+    stay inside the program."""
+    aten = torch.ops.aten
+    random_from = getattr(aten.random, "from")  # a Python keyword
+
+    def empty(size: Any, dtype: Any, device: Any) -> torch.Tensor:
+        return aten.empty.memory_format(size, dtype=dtype, device=device)
+
+    def like(x: torch.Tensor, dtype: Any, device: Any) -> tuple[Any, Any]:
+        return x.shape, dtype or x.dtype, device or x.device
+
+    def randn(size: Any, *, dtype: Any = None, layout: Any = None, device: Any = None,
+              pin_memory: Any = None) -> torch.Tensor:
+        return aten.normal.float_float(0.0, 1.0, size, dtype=dtype or torch.get_default_dtype(), device=device)
+
+    def rand(size: Any, *, dtype: Any = None, layout: Any = None, device: Any = None,
+             pin_memory: Any = None) -> torch.Tensor:
+        return aten.uniform.default(empty(size, dtype or torch.get_default_dtype(), device), 0.0, 1.0)
+
+    def randint_low(low: int, high: int, size: Any, *, dtype: Any = None, layout: Any = None,
+                    device: Any = None, pin_memory: Any = None) -> torch.Tensor:
+        return random_from(empty(size, dtype or torch.int64, device), low, high)
+
+    def randint(high: int, size: Any, **kw: Any) -> torch.Tensor:
+        return randint_low(0, high, size, **kw)
+
+    def randn_like(x: torch.Tensor, *, dtype: Any = None, layout: Any = None, device: Any = None,
+                   pin_memory: Any = None, memory_format: Any = None) -> torch.Tensor:
+        size, dt, dev = like(x, dtype, device)
+        return aten.normal.float_float(0.0, 1.0, size, dtype=dt, device=dev)
+
+    def rand_like(x: torch.Tensor, *, dtype: Any = None, layout: Any = None, device: Any = None,
+                  pin_memory: Any = None, memory_format: Any = None) -> torch.Tensor:
+        return aten.uniform.default(empty(*like(x, dtype, device)), 0.0, 1.0)
+
+    def randint_like_low(x: torch.Tensor, low: int, high: int, *, dtype: Any = None, layout: Any = None,
+                         device: Any = None, pin_memory: Any = None, memory_format: Any = None) -> torch.Tensor:
+        return random_from(empty(*like(x, dtype, device)), low, high)
+
+    def randint_like(x: torch.Tensor, high: int, **kw: Any) -> torch.Tensor:
+        return randint_like_low(x, 0, high, **kw)
+
+    return {aten.randn.default: randn, aten.rand.default: rand, aten.randint.default: randint,
+            aten.randint.low: randint_low, aten.randn_like.default: randn_like, aten.rand_like.default: rand_like,
+            aten.randint_like.default: randint_like, aten.randint_like.low_dtype: randint_like_low}
 
 
 _SUPPORTED_DTYPES = frozenset(_DTYPE_INDEX)

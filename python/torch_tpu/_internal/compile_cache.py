@@ -128,7 +128,13 @@ class TpuOutputCode(OutputCode):
             desc, spec, consts = self._payload
             # options and precision are those in force when the entry is loaded
             desc = {k: v for k, v in desc.items() if k not in ("compile_options", "precision")}
-            self._payload = pickle.dumps((desc, spec, [c.cpu() for c in consts]), protocol=pickle.HIGHEST_PROTOCOL)
+            # AOTAutograd saves while its FakeTensorMode is active: a device constant's .cpu() would
+            # be a fake tensor (unpicklable; the entry was dropped with a warning).
+            from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+            with unset_fake_temporarily():
+                host = [c.cpu() for c in consts]
+            self._payload = pickle.dumps((desc, spec, host), protocol=pickle.HIGHEST_PROTOCOL)
         self._fn = None
 
     def post_compile(self, example_inputs: Sequence[Any], constants: Any, graph_kwargs: Any) -> None:

@@ -36,6 +36,11 @@ class set_eager_mode:  # noqa: N801 - mirrors TorchTPU's spelling; usable as cal
     """`set_eager_mode(m)` switches the mode; `with set_eager_mode(m):` restores it afterwards."""
 
     def __init__(self, mode: EagerMode) -> None:
+        import torch
+
+        if torch.compiler.is_compiling():
+            raise RuntimeError("set_eager_mode cannot be called inside torch.compile: a compiled graph is one "
+                               "program whatever the eager mode; switch modes outside the compiled function")
         self._prev = get_eager_mode()
         _apply(mode)
 
