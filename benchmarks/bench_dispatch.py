@@ -4,7 +4,9 @@ measured in the same run), and fused eager's amortized cost per op on a 50 x (a 
 16-element tensors ending in .item(). Also ops with tensor-list arguments and random ops (cat of
 two small tensors, _foreach_add_ over 8 tensors, dropout), which take the dispatch cache too;
 `--list-rng` times only those, with the dispatch cache on and off in the same process, and
-prints them (no JSON written)."""
+prints them (no JSON written). `--typed-ab` times add, mixed and the fused chain with the typed
+(unboxed) kernels of the hottest ops on and off in the same process (csrc/aten/unboxed_kernels.h;
+off, every call is boxed as before), and prints them (no JSON written)."""
 
 from __future__ import annotations
 
@@ -195,8 +197,23 @@ def run() -> dict[str, Any]:
     )
 
 
+def typed_ab() -> None:
+    for on in (True, False, True, False):
+        torch.ops.torch_tpu._set_unboxed_fast_path(on)
+        add, mixed = measure(add_loop, ADD_ITERS, 1), measure(mixed_loop, MIXED_ITERS, 4)
+        chain = measure(chain_loop, CHAIN_ITERS, 2 * CHAIN_LEN + 1)
+        served, boxed, _ = torch.ops.torch_tpu._unboxed_stats()
+        print(f"{NAME} typed kernels {'on ' if on else 'off'}: add {add['tpu_us_per_op']:.2f} vs cpu "
+              f"{add['cpu_us_per_op']:.2f}, mixed {mixed['tpu_us_per_op']:.2f} vs cpu {mixed['cpu_us_per_op']:.2f}, "
+              f"fused chain {chain['tpu_us_per_op']:.2f} vs cpu {chain['cpu_us_per_op']:.2f} us/op "
+              f"(typed calls so far: {served} served, {boxed} boxed)", flush=True)
+    torch.ops.torch_tpu._set_unboxed_fast_path(True)
+
+
 if __name__ == "__main__":
-    if "--list-rng" in sys.argv:
+    if "--typed-ab" in sys.argv:
+        typed_ab()
+    elif "--list-rng" in sys.argv:
         for on in (True, False, True, False):
             torch_tpu._C._set_dispatch_cache_enabled(on)
             print(f"{NAME} list/random ops, dispatch cache {'on ' if on else 'off'}: "

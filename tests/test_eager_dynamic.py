@@ -55,8 +55,9 @@ def test_bucketed_ops_equal_cpu_and_reuse_programs(fused: bool) -> None:
             before = _programs()
             got = _ops(xd, wd, td)
             torch_tpu.synchronize()
-            built.append(_programs() - before)  # (reading a view back compacts it: one program per shape)
-            got_cpu = [g.cpu() for g in got]
+            built.append(_programs() - before)
+            got_cpu = [g.cpu() for g in got]  # prefix views are read whole and sliced on the host
+            assert _programs() == before + built[-1]
             for a, b in zip(got_cpu, _ops(x, w, tail), strict=True):
                 assert a.shape == b.shape
                 torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
@@ -168,8 +169,83 @@ def test_hf_generate_strict_eager_is_bucketed() -> None:
     kinds = {b["graph"].split("[")[0] for b in torch_tpu.compile_stats()["dynamic"]}
     assert "eager.aten.cat.default" in kinds and any("scaled_dot_product" in k for k in kinds), kinds
     before = _programs()
+    eager_dynamic.reset_stats()
     assert torch.equal(gen(), ref)
     assert _programs() == before, f"second generate built {_programs() - before} programs"
+    stats = eager_dynamic.stats()  # repeats of a bucketed call run from C++ (no Python)
+    assert stats["fast_calls"] > 0.9 * stats["bucketed_calls"] > 90 and stats["fast_gathers"] > 0, stats  # (not: cat at 16)
+
+
+def _steps(x: torch.Tensor, tail: torch.Tensor, w: torch.Tensor, ids: torch.Tensor, emb: torch.Tensor
+           ) -> list[torch.Tensor]:
+    y = torch.cat([x, tail], 1)
+    return [y, (y * 2 + 1).sum(1), torch.softmax(y, 1), y[:, -1:] + 1, torch.nn.functional.linear(y, w),
+            y[:, :16] * 3, emb.index_select(0, ids), y.amax(1, keepdim=True) - y]
+
+
+def test_fast_path_equals_python_path() -> None:
+    """Repeated bucketed calls run from C++ (plan: program, shape guards, buckets, result views);
+    growing through buckets 16/32 (the cat at length 16 grows its bucket), a Min(16, s) slice
+    (no polynomial: Python), views read at an offset. Values equal CPU with and without it."""
+    torch.manual_seed(0)
+    tail, w, emb = torch.randn(1, 1, 8), torch.randn(4, 8), torch.randn(30, 8)
+    td, wd, ed = tail.to(TPU), w.to(TPU), emb.to(TPU)
+    counts = {}
+    try:
+        for fast in (False, True):
+            eager_dynamic.FAST[0] = fast
+            torch.ops.torch_tpu._dynamic_clear_plans()
+            eager_dynamic.reset_stats()
+            x, ids = torch.randn(1, 3, 8), torch.arange(3)
+            xd, idd = _dyn(x), _dyn(ids, 0)
+            for _ in range(22):  # lengths 3 .. 25
+                got, ref = _steps(xd, td, wd, idd, ed), _steps(x, tail, w, ids, emb)
+                for a, b in zip(got, ref, strict=True):
+                    assert a.shape == b.shape
+                    torch.testing.assert_close(a.cpu(), b, rtol=1e-5, atol=1e-5)
+                assert torch.ops.torch_tpu._dynamic_info(got[0])  # fast-path results stay dynamic
+                x, xd = ref[0], got[0]
+                ids, idd = torch.cat([ids, ids[-1:] % 30]), torch.cat([idd, idd[-1:] % 30])
+            counts[fast] = eager_dynamic.stats()
+    finally:
+        eager_dynamic.FAST[0] = True
+    assert counts[False]["fast_calls"] == 0 and counts[False]["fast_gathers"] == 0
+    st = counts[True]
+    assert st["fast_calls"] > 100 and st["fast_gathers"] > 30, st
+    assert st["bucketed_calls"] == counts[False]["bucketed_calls"], (st, counts[False])
+
+
+def test_fast_path_follows_matmul_precision() -> None:
+    torch.manual_seed(0)
+    a, w = torch.randn(1, 20, 64), torch.randn(64, 64)
+    ad, wd = _dyn(a), w.to(TPU)
+    prev = torch.get_float32_matmul_precision()
+    errs = {}
+    try:
+        for p in ("highest", "medium", "highest", "medium"):
+            torch.set_float32_matmul_precision(p)
+            eager_dynamic.reset_stats()
+            for _ in range(3):
+                r = ad @ wd
+            errs.setdefault(p, []).append(float((r.cpu() - a @ w).abs().max()))
+            assert eager_dynamic.stats()["fast_calls"] >= 2  # each precision has its own plan
+    finally:
+        torch.set_float32_matmul_precision(prev)
+    assert max(errs["highest"]) < 1e-4 < min(errs["medium"]), errs  # medium: bf16 passes
+
+
+def test_cat_with_static_pieces_anywhere() -> None:
+    # Static pieces are written at their runtime offset (a scatter of their rows), dynamic ones
+    # gathered; the result's bucket grows when the real result would not fit.
+    torch.manual_seed(0)
+    t1, t3 = torch.randn(1, 1, 8), torch.randn(1, 3, 8)
+    for n in (3, 13, 14, 17, 30):
+        x = torch.randn(1, n, 8)
+        xd, d1, d3 = _dyn(x), t1.to(TPU), t3.to(TPU)
+        for a, b in ((torch.cat([xd, d3, xd, d1], 1), torch.cat([x, t3, x, t1], 1)),
+                     (torch.cat([d3, xd, d1], 1), torch.cat([t3, x, t1], 1)),
+                     (torch.cat([xd, d3, d1, d3], 1), torch.cat([x, t3, t1, t3], 1))):
+            assert torch.equal(a.cpu(), b)
 
 
 def test_changing_python_scalar_stops_tracing(monkeypatch: pytest.MonkeyPatch) -> None:

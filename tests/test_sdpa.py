@@ -115,23 +115,49 @@ def test_fully_masked_row_gives_zeros_like_cpu() -> None:
     _check(qkv, m, atol=2e-5, rtol=2e-5)
 
 
-@pytest.mark.parametrize("case", ["gqa_bool_mask_dead_row", "gqa_causal", "float_mask"])
+def test_loose_shift_bound_is_recomputed_exactly() -> None:
+    # Without a mask the forward shifts each row by a bound from the keys' per-dim extremes; with
+    # large-norm inputs that bound sits hundreds above the row maximum, every exp underflows, and
+    # the rows must be computed again with the exact maxima (else: zeros / NaN).
+    torch.manual_seed(3)
+    qkv, _ = _inputs(1, 2, 2, 5, 7, 8, 8, torch.float32, None)
+    qkv[0] = qkv[0] * 30
+    qkv[1] = qkv[1] * 30
+    _check(qkv, None, atol=2e-4, rtol=2e-4)
+
+
+@pytest.mark.parametrize("case", ["gqa_bool_mask_dead_row", "gqa_causal", "float_mask", "loose_bound"])
 def test_large_scores_take_the_blocked_forward(case: str, tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
-    # Scores over 4 MiB ([B*Hkv, G*L, S] = [2, 600, 1030] f32) run as a loop over blocks of query
-    # rows (127 here: 4 blocks and a 92-row tail); rows, masks and GQA groups must line up.
+    # Scores over 8 MiB ([B*Hkv, G*L, S] = [2, 1100, 1030] f32) run as a loop over blocks of query
+    # rows (509 here: 2 blocks and an 82-row tail), forward and backward (dK/dV accumulated over
+    # the blocks); rows, masks and GQA groups must line up.
     monkeypatch.setenv("TORCH_TPU_DUMP_DIR", str(tmp_path))
     torch.manual_seed(9)
     if case == "float_mask":
-        qkv, m = _inputs(1, 2, 2, 600, 1030, 8, 8, torch.float32, "float")
+        qkv, m = _inputs(1, 2, 2, 1100, 1030, 8, 8, torch.float32, "float")
         _check(qkv, m, atol=2e-5, rtol=2e-5)
     elif case == "gqa_causal":
-        qkv, _ = _inputs(1, 4, 2, 300, 1030, 8, 8, torch.float32, None)
+        qkv, _ = _inputs(1, 4, 2, 550, 1030, 8, 8, torch.float32, None)
         _check(qkv, None, atol=2e-5, rtol=2e-5, enable_gqa=True, is_causal=True)
+    elif case == "loose_bound":
+        # Query rows of the first block and the tail have large norms (their blocks are
+        # recomputed with exact maxima), the second block's rows take the bounded shift.
+        qkv, _ = _inputs(1, 2, 2, 1100, 1030, 8, 8, torch.float32, None)
+        qkv[0][:, :, :509] *= 30
+        qkv[0][:, :, 1018:] *= 30
+        _check(qkv, None, atol=2e-3, rtol=1e-4, is_causal=True)
     else:
-        qkv, m = _inputs(1, 4, 2, 300, 1030, 8, 8, torch.float32, "bool")
-        m[0, 0, 299, :] = False  # the tail's last row attends to nothing
+        qkv, m = _inputs(1, 4, 2, 550, 1030, 8, 8, torch.float32, "bool")
+        m[0, 0, 549, :] = False  # the tail's last row attends to nothing
         _check(qkv, m, atol=2e-5, rtol=2e-5, enable_gqa=True)
-    assert any("stablehlo.while" in f.read_text() for f in tmp_path.glob("*.mlir"))
+    texts = [f.read_text() for f in tmp_path.glob("*.mlir")]
+
+    def looped(op: str) -> bool:
+        return any(t.startswith(f"// aten::{op}\n") and "stablehlo.while" in t for t in texts)
+
+    assert looped("_scaled_dot_product_fused_attention_overrideable")
+    # The backward loops too, except with a float mask (its gradient is the whole dS).
+    assert looped("_scaled_dot_product_fused_attention_overrideable_backward") == (case != "float_mask")
 
 
 def test_three_d_inputs_in_fused_eager_mode() -> None:

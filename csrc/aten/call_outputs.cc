@@ -205,58 +205,63 @@ std::shared_ptr<const MetaResult> output_meta(const c10::OperatorHandle& op, c10
 
 // Outputs: in-place/out= returns alias an argument (resized if meta resized it); functional
 // returns are fresh tensors with the meta strides.
-std::vector<at::Tensor> allocate_outputs(const c10::FunctionSchema& schema, c10::ArrayRef<c10::IValue> args,
-                                         const MetaResult& meta, bool list_result, int device) {
+void allocate_outputs(const c10::FunctionSchema& schema, c10::ArrayRef<c10::IValue> args, const MetaResult& meta,
+                      bool list_result, int device, CallOutputs& outs) {
   const auto& sargs = schema.arguments();
   const auto& rets = schema.returns();
   const size_t n = args.size();
-  std::vector<at::Tensor> outs;
   for (size_t i = 0; i < meta.outs.size(); ++i) {
     const MetaOut& m = meta.outs[i];
     if (m.int_value) continue;  // not a tensor: pushed back in place below
     if (m.dtype == c10::ScalarType::Undefined) {
-      outs.emplace_back();
+      outs.push_back(c10::MaybeOwned<at::Tensor>::owned(std::in_place));
       continue;
     }
     if (!list_result && rets[i].alias_info()) {
       const auto& before = rets[i].alias_info()->beforeSets();
-      at::Tensor real;
+      const at::Tensor* real = nullptr;
       for (size_t j = 0; j < n; ++j) {
         if (sargs[j].alias_info() && sargs[j].alias_info()->beforeSets() == before) {
-          real = args[j].toTensor();
+          real = &args[j].toTensor();
           break;
         }
       }
-      TORCH_INTERNAL_ASSERT(real.defined(), "torch_tpu: cannot find the argument aliased by ",
+      TORCH_INTERNAL_ASSERT(real && real->defined(), "torch_tpu: cannot find the argument aliased by ",
                             schema.name(), "'s output ", i);
-      if (real.sizes() != c10::IntArrayRef(m.sizes)) real.resize_(m.sizes);
-      outs.push_back(real);
+      if (real->sizes() != c10::IntArrayRef(m.sizes)) real->resize_(m.sizes);
+      outs.push_back(c10::MaybeOwned<at::Tensor>::borrowed(*real));
     } else {
       // What the tpu empty_strided kernel does (the caller holds the device guard), without
       // a second trip through the dispatcher.
-      outs.push_back(at::detail::empty_strided_generic(m.sizes, m.strides, &TpuAllocator::get(),
-                                                       c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), m.dtype));
+      outs.push_back(c10::MaybeOwned<at::Tensor>::owned(at::detail::empty_strided_generic(
+          m.sizes, m.strides, &TpuAllocator::get(), c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), m.dtype)));
     }
   }
+}
 
-  return outs;
+std::vector<at::Tensor> owned_outputs(const CallOutputs& outs) {
+  std::vector<at::Tensor> owned;
+  owned.reserve(outs.size());
+  for (const auto& t : outs) owned.push_back(*t);
+  return owned;
 }
 
 // Arguments mutated but not returned (batch norm's running stats, the tensor lists of in-place
 // list ops such as the fused optimizers: every element) become extra outputs after the
 // returns, in argument order.
 void append_mutated_args(const lowering::OpEntry& entry, const c10::FunctionSchema& schema,
-                         c10::ArrayRef<c10::IValue> args, std::vector<at::Tensor>& outs) {
+                         c10::ArrayRef<c10::IValue> args, CallOutputs& outs) {
   const auto& sargs = schema.arguments();
   const auto& rets = schema.returns();
   const size_t n = args.size();
   for (size_t j = 0; j < n; ++j) {
     if (args[j].isTensorList()) {
       if (!arg_written(entry, schema, args, j)) continue;
-      for (const at::Tensor& t : args[j].toTensorList()) {
+      for (const c10::IValue& e : args[j].toListRef()) {
+        const at::Tensor& t = e.toTensor();  // an element of the argument's list (borrowed below)
         TORCH_CHECK(t.defined() && t.device().type() == kTpu, schema.name(), ": every tensor of '",
                     sargs[j].name(), "' must be a tpu tensor");
-        outs.push_back(t);
+        outs.push_back(c10::MaybeOwned<at::Tensor>::borrowed(t));
       }
       continue;
     }
@@ -265,7 +270,7 @@ void append_mutated_args(const lowering::OpEntry& entry, const c10::FunctionSche
     bool returned = alias && std::any_of(rets.begin(), rets.end(), [&](const c10::Argument& r) {
       return r.alias_info() && r.alias_info()->beforeSets() == alias->beforeSets();
     });
-    if (!returned) outs.push_back(args[j].toTensor());
+    if (!returned) outs.push_back(c10::MaybeOwned<at::Tensor>::borrowed(args[j].toTensor()));
   }
 
 }

@@ -8,6 +8,7 @@
 #include <ATen/ops/empty_strided.h>
 
 #include "common.h"
+#include "eager_dynamic.h"
 #include "plan_call.h"
 #include "runtime/context.h"
 #include "runtime/device_checks.h"
@@ -67,6 +68,16 @@ at::Tensor to_host(const at::Tensor& src) {
     return host;
   }
   bool whole = src.is_contiguous() && src.storage_offset() == 0 && src.numel() == n && st.elem == e;
+  if (!whole && st.elem == e && eager_dynamic::is_marked(src)) {
+    // A view of a mark_dynamic bucket buffer (a prefix of it): read the whole buffer and slice on
+    // the host, instead of compacting on the device (one program per real shape).
+    at::Tensor raw = at::empty({n}, src.options().device(c10::kCPU));
+    runtime::prof::Range prof_range("d2h");  // a host sync
+    st.buffer->to_host(raw.data_ptr(), static_cast<size_t>(n) * raw.itemsize());
+    dispatch_stats().host_syncs++;
+    host.copy_(raw.as_strided(src.sizes(), src.strides(), src.storage_offset()));
+    return host;
+  }
   at::Tensor dev = src;
   if (!whole) {
     dev = empty_tpu_like(src, src.device().index());

@@ -25,10 +25,28 @@
 #include "op_info.h"
 #include "plan_call.h"
 #include "runtime/compile_cache.h"
+#include "unboxed_kernels.h"
 
 namespace tpu::aten {
 
 namespace {
+
+// Replaces the call's n arguments on the stack by its results: the schema's returns in order
+// (ints from the metadata), or one list of fresh tensors. `results` owns its tensors: borrowed
+// outputs point into the arguments dropped here.
+void push_results(torch::jit::Stack* stack, size_t n, const MetaResult& meta, bool list_result,
+                  std::vector<at::Tensor> results) {
+  torch::jit::drop(*stack, n);
+  if (list_result) {
+    stack->push_back(c10::List<at::Tensor>(std::move(results)));
+    return;
+  }
+  size_t next = 0;
+  for (const MetaOut& m : meta.outs) {
+    if (m.int_value) stack->push_back(*m.int_value);
+    else stack->push_back(std::move(results[next++]));
+  }  // extra outputs (mutated, not returned) are not results of the schema
+}
 
 // Returns false (with `why`) when the op cannot take the lowered path (the caller falls back).
 bool run_lowered(const c10::OperatorHandle& op, const OpInfo& info, torch::jit::Stack* stack, std::string* why) {
@@ -55,29 +73,24 @@ bool run_lowered(const c10::OperatorHandle& op, const OpInfo& info, torch::jit::
   std::optional<CallSignature> sig;
   if (info.cacheable && dispatch_cache_enabled()) sig.emplace(info, args);
   c10::DeviceGuard guard(c10::Device(kTpu, static_cast<c10::DeviceIndex>(device)));
-  std::vector<at::Tensor> outs = allocate_outputs(schema, args, *mr, list_result, device);
-  append_mutated_args(entry, schema, args, outs);
+  CallOutputs call_outs;
+  allocate_outputs(schema, args, *mr, list_result, device, call_outs);
+  append_mutated_args(entry, schema, args, call_outs);
+  std::vector<at::Tensor> outs = owned_outputs(call_outs);  // the full path: copies cost no GIL here
   std::vector<NamedArg> named;
   const c10::ScalarType common = named_args(info, schema, args, outs, named);
   PlannedCall planned;
   run_lowering(info.base, schema.overload_name(), entry, named, outs, common, sig && sig->valid() ? &planned : nullptr);
   if (sig && sig->valid()) remember_call(*sig, mr, std::move(planned));
 
-  torch::jit::drop(*stack, n);
   if (bool_result) {
-    stack->push_back(c10::IValue(outs[0].item<bool>()));  // the host read (a counted sync)
+    const bool value = outs[0].item<bool>();  // the host read (a counted sync)
+    torch::jit::drop(*stack, n);
+    stack->push_back(c10::IValue(value));
     return true;
   }
-  if (list_result) {
-    stack->push_back(c10::List<at::Tensor>(outs));
-    return true;
-  }
-  size_t next = 0;
-  for (const MetaOut& m : mr->outs) {
-    if (m.int_value) stack->push_back(*m.int_value);
-    else stack->push_back(std::move(outs[next++]));
-  }
-  return true;  // extra outputs (mutated, not returned) are not results of the schema
+  push_results(stack, n, *mr, list_result, std::move(outs));
+  return true;
 }
 
 // The IValue a CallSource names: argument `arg`, or element `elem` of that list argument.
@@ -88,18 +101,18 @@ const c10::IValue& source_value(c10::ArrayRef<c10::IValue> args, const CallSourc
 
 // A dispatch-cache hit (aten/dispatch_cache.h): outputs from the remembered metadata, the
 // remembered plan bound to this call's storages, scalar values and generator state, launched.
-void run_cached(const c10::OperatorHandle& op, const OpInfo& info, const CachedCall& cc, torch::jit::Stack* stack) {
+// Reads `args` only (they may borrow the caller's tensors, see unboxed_kernels.h).
+void run_cached(const c10::OperatorHandle& op, const OpInfo& info, const CachedCall& cc,
+                c10::ArrayRef<c10::IValue> args, CallOutputs& outs) {
   const auto& schema = op.schema();
-  const size_t n = schema.arguments().size();
-  auto args = torch::jit::last(*stack, n);
   c10::DeviceGuard guard(c10::Device(kTpu, static_cast<c10::DeviceIndex>(cc.device)));
-  std::vector<at::Tensor> outs = allocate_outputs(schema, args, *cc.meta, info.list_result, cc.device);
+  allocate_outputs(schema, args, *cc.meta, info.list_result, cc.device, outs);
   if (info.may_write_args) append_mutated_args(*info.entry, schema, args, outs);
   runtime::Call call;
   call.plan = cc.plan;
   call.device = cc.device;
   for (const CallSource& src : cc.slot_src)
-    call.st.push_back(&state_of(src.out ? outs[src.arg] : source_value(args, src).toTensor()));
+    call.st.push_back(&state_of(src.out ? *outs[src.arg] : source_value(args, src).toTensor()));
   for (const CallSource& src : cc.host_src) {
     if (src.rng) {
       std::optional<at::Generator> gen;
@@ -112,19 +125,19 @@ void run_cached(const c10::OperatorHandle& op, const OpInfo& info, const CachedC
   }
   runtime::ProgramPtr program = runtime::CompileCache::get().hit(cc.program);
   execute_call(call, &program, [] { return std::string("program evicted (signature seen before)"); });
-  torch::jit::drop(*stack, n);
-  if (info.list_result) {
-    stack->push_back(c10::List<at::Tensor>(outs));
-    return;
-  }
-  size_t next = 0;
-  for (const MetaOut& m : cc.meta->outs) {
-    if (m.int_value) stack->push_back(*m.int_value);
-    else stack->push_back(std::move(outs[next++]));
-  }
 }
 
 }  // namespace
+
+std::shared_ptr<const CachedCall> serve_from_cache(const c10::OperatorHandle& op, const OpInfo& info,
+                                                   c10::ArrayRef<c10::IValue> args, CallOutputs& outs) {
+  if (!info.cacheable || !dispatch_cache_enabled()) return nullptr;
+  CallSignature sig(info, args);
+  if (!sig.valid()) return nullptr;
+  std::shared_ptr<const CachedCall> hit = find_cached_call(sig);
+  if (hit) run_cached(op, info, *hit, args, outs);
+  return hit;
+}
 
 void tpu_boxed_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stack* stack) {
   if (eager_dynamic::maybe_handle(op, stack)) return;  // reads a mark_dynamic storage (eager_dynamic.cc)
@@ -136,14 +149,11 @@ void tpu_boxed_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet, torch:
     return;
   }
   if (const lowering::OpEntry* entry = info.entry) {
-    if (info.cacheable && dispatch_cache_enabled()) {
-      CallSignature sig(info, torch::jit::last(*stack, op.schema().arguments().size()));
-      if (sig.valid()) {
-        if (auto hit = find_cached_call(sig)) {
-          run_cached(op, info, *hit, stack);
-          return;
-        }
-      }
+    const size_t n = op.schema().arguments().size();
+    CallOutputs outs;
+    if (auto hit = serve_from_cache(op, info, torch::jit::last(*stack, n), outs)) {
+      push_results(stack, n, *hit->meta, info.list_result, owned_outputs(outs));
+      return;
     }
     if (entry->cpu_index_args) move_cpu_index_args(op, info.base, stack);
     if (entry->host_bool_indices) convert_bool_indices(op, stack);
@@ -165,7 +175,7 @@ void tpu_boxed_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet, torch:
 }
 
 void register_lowered_kernels() {
-  // Route every overload of a lowered op straight to the boxed kernel. Without this, a
+  // Route every overload of a lowered op straight to our kernel. Without this, a
   // functional op with a CompositeExplicitAutogradNonFunctional kernel (add.Tensor) would
   // reach us as its out= variant, whose meta function is slow Python. Ops that decompose
   // (CompositeImplicitAutograd) keep decomposing so autograd still sees their parts.
@@ -188,7 +198,8 @@ void register_lowered_kernels() {
       list_return |= r.type()->kind() == c10::TypeKind::ListType;
     if (list_return && !(entry->foreach && op->schema().returns().size() == 1)) continue;
     std::string full = on.name.substr(6) + (on.overload_name.empty() ? "" : "." + on.overload_name);
-    lib->impl(full.c_str(), torch::CppFunction::makeFromBoxedFunction<&tpu_boxed_kernel>());
+    if (!register_unboxed_kernel(*lib, full))  // the hottest overloads: typed (aten/unboxed_kernels.h)
+      lib->impl(full.c_str(), torch::CppFunction::makeFromBoxedFunction<&tpu_boxed_kernel>());
   }
 }
 

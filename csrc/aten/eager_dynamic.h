@@ -11,4 +11,7 @@ namespace tpu::aten::eager_dynamic {
 // One relaxed atomic load when nothing is marked.
 bool maybe_handle(const c10::OperatorHandle& op, torch::jit::Stack* stack);
 
+// Whether t's storage is marked dynamic (a bucket-sized buffer read through a prefix view).
+bool is_marked(const at::Tensor& t);
+
 }  // namespace tpu::aten::eager_dynamic

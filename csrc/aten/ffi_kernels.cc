@@ -4,8 +4,8 @@
 // The ragged dot at MoE decode sizes is bound by the GEMM, and XLA:CPU's dot is 2.7-5x slower
 // than oneDNN/MKL there (no XLA flag changes that; measured in benchmarks/bench_grouped_mm.py).
 // These handlers run inside the program, on the plugin's buffers, which are host memory: each
-// group is one at::mm into its rows of the output (ATen's CPU GEMM: MKL/oneDNN, AMX for bf16),
-// wrapped with from_blob (no copy). They read the group sizes / offsets from a device buffer that is ready
+// group's rows are multiplied by ATen's CPU GEMM (MKL/oneDNN, AMX for bf16) into its rows of the
+// output, wrapped with from_blob (no copy), split over threads without an OpenMP barrier (below). They read the group sizes / offsets from a device buffer that is ready
 // when the call runs, so nothing syncs with the host and the op stays one node of whatever
 // program (strict, fused or compiled) contains it.
 //
@@ -14,6 +14,7 @@
 #if __has_include("xla/ffi/api/ffi.h")
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/from_blob.h>
+#include <ATen/Parallel.h>
 #include <ATen/ops/mm_cpu_dispatch.h>
 #include <c10/util/Exception.h>
 
@@ -33,8 +34,17 @@
 #include "xla/ffi/api/ffi.h"
 #pragma GCC diagnostic pop
 
+#include <dlfcn.h>
+
 #include <algorithm>
+#include <atomic>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <stdexcept>
 #include <string>
+#include <thread>
+#include <utility>
 #include <vector>
 
 #include "lowering/host_kernels.h"
@@ -77,6 +87,121 @@ std::vector<int64_t> group_ends(const ffi::AnyBuffer& groups, bool sizes, int64_
   return ends;
 }
 
+// ---- Running the per-group GEMMs on two (or more) threads without an OpenMP barrier.
+//
+// perf on a loop of decode-size calls: the GEMM kernels are ~6 % of the samples and libgomp's
+// spin-waits ~80 %, both here (one threaded ATen mm per group, as PyTorch's CPU _grouped_mm runs it)
+// and in PyTorch's own _grouped_mm: every group's GEMM forks and joins the OpenMP team, and on a
+// shared machine each join waits until the OS runs the other thread. Here the work is cut into
+// tasks (group x column block, single-threaded GEMMs), the calling thread works through them and an
+// inter-op pool thread, woken once per call, takes tasks from the same atomic counter. The caller
+// never waits for that thread to start: if it is not running, the caller does every task itself,
+// and only a task already taken is waited for.
+
+// Sequential GEMMs on this thread for a scope: MKL's per-thread setting and OpenMP's per-thread
+// team size (oneDNN's bf16/f16 GEMM follows it). Looked up at run time, so a torch without MKL or
+// GNU OpenMP still loads this file (the GEMMs then keep their own threading).
+class OneThreadGemms {
+ public:
+  OneThreadGemms() {
+    static const Fns f = lookup();
+    fns_ = &f;
+    if (f.mkl_local) mkl_prev_ = f.mkl_local(1);
+    if (f.omp_set && f.omp_get) {
+      omp_prev_ = f.omp_get();
+      f.omp_set(1);
+    }
+  }
+  ~OneThreadGemms() {
+    if (fns_->mkl_local) fns_->mkl_local(mkl_prev_);
+    if (omp_prev_ > 0) fns_->omp_set(omp_prev_);
+  }
+  OneThreadGemms(const OneThreadGemms&) = delete;
+  OneThreadGemms& operator=(const OneThreadGemms&) = delete;
+
+ private:
+  struct Fns {
+    int (*mkl_local)(int) = nullptr;
+    void (*omp_set)(int) = nullptr;
+    int (*omp_get)() = nullptr;
+  };
+  // Extensions load RTLD_LOCAL, so look in the libraries that define them: libtorch_cpu (MKL is
+  // linked into it) and the OpenMP runtime torch loaded.
+  static void* find(const char* name) {
+    if (void* p = dlsym(RTLD_DEFAULT, name)) return p;
+    Dl_info info;
+    for (const char* lib : {static_cast<const char*>(nullptr), "libgomp.so.1", "libiomp5.so", "libomp.so"}) {
+      if (!lib && !dladdr(reinterpret_cast<void*>(&at::get_num_threads), &info)) continue;
+      void* h = dlopen(lib ? lib : info.dli_fname, RTLD_LAZY | RTLD_NOLOAD);
+      if (!h) continue;
+      void* p = dlsym(h, name);
+      dlclose(h);
+      if (p) return p;
+    }
+    return nullptr;
+  }
+  static Fns lookup() {
+    Fns f;
+    f.mkl_local = reinterpret_cast<int (*)(int)>(find("MKL_Set_Num_Threads_Local"));
+    f.omp_set = reinterpret_cast<void (*)(int)>(find("omp_set_num_threads"));
+    f.omp_get = reinterpret_cast<int (*)()>(find("omp_get_max_threads"));
+    return f;
+  }
+  const Fns* fns_;
+  int mkl_prev_ = 0, omp_prev_ = 0;
+};
+
+// Tasks 0..total-1, taken from one counter by the caller and by helper tasks on ATen's inter-op
+// pool. The state outlives the call (shared_ptr): a helper that starts after the caller returned
+// finds no task left and never touches the call's buffers.
+struct TaskState {
+  std::atomic<int64_t> next{0}, done{0};
+  int64_t total = 0;
+  std::function<void(int64_t)> task;
+  std::mutex mu;
+  std::string error;
+
+  void work() {
+    OneThreadGemms seq;
+    for (int64_t t; (t = next.fetch_add(1)) < total;) {
+      try {
+        task(t);
+      } catch (const std::exception& e) {
+        std::lock_guard<std::mutex> lock(mu);
+        if (error.empty()) error = e.what();
+      }
+      done.fetch_add(1, std::memory_order_release);
+    }
+  }
+};
+
+void run_tasks(int64_t total, int64_t threads, std::function<void(int64_t)> task) {
+  if (total <= 0) return;
+  auto st = std::make_shared<TaskState>();
+  st->total = total;
+  st->task = std::move(task);
+  for (int64_t h = 1; h < std::min(threads, total); ++h) at::launch([st] { st->work(); });
+  st->work();
+  while (st->done.load(std::memory_order_acquire) < total) std::this_thread::yield();
+  // The helpers' references into this call die here; drop the closure before returning.
+  st->task = nullptr;
+  if (!st->error.empty()) throw std::runtime_error(st->error);
+}
+
+// Column parts per group: one per thread when the output is wide enough (>= 128 columns a part),
+// in multiples of 64 columns. Cutting N keeps the tasks equal whatever the group sizes; each
+// output element is still one dot product over K, so the result is the per-group mm's, bit for bit.
+int64_t column_parts(int64_t n, int64_t threads) {
+  return std::max<int64_t>(1, std::min<int64_t>(threads, n / 128));
+}
+
+std::pair<int64_t, int64_t> part_columns(int64_t n, int64_t parts, int64_t p) {
+  const int64_t step = (n / parts + 63) / 64 * 64;
+  return {std::min(n, p * step), p + 1 == parts ? n : std::min(n, (p + 1) * step)};
+}
+
+int64_t gemm_threads() { return at::in_parallel_region() ? 1 : at::get_num_threads(); }
+
 // [M,K] x [G,K,N] -> [M,N]: group g owns rows [ends[g-1], ends[g]); rows past the last group are
 // zero. rhs arrives as [G,N,K] when `rhs_col_major` (nn.Linear-layout experts), multiplied through a
 // transposed view (the GEMM's transpose flag, no copy).
@@ -85,20 +210,23 @@ ffi::Error ragged_dot(ffi::AnyBuffer lhs, ffi::AnyBuffer rhs, ffi::AnyBuffer gro
   try {
     at::Tensor a = wrap(lhs), w = wrap(rhs), y = wrap(*out);
     TORCH_CHECK(a.dim() == 2 && w.dim() == 3 && y.dim() == 2, "bad operand ranks");
-    const int64_t m = a.size(0), g = w.size(0);
+    const int64_t m = a.size(0), g = w.size(0), n = y.size(1);
     TORCH_CHECK(static_cast<int64_t>(groups.element_count()) == g, "group count mismatch");
     const std::vector<int64_t> e = group_ends(groups, group_sizes != 0, m);
-    int64_t start = 0;
-    for (int64_t i = 0; i < g; ++i) {
-      const int64_t end = e[i];
-      if (end > start) {
-        at::Tensor wi = w.select(0, i);
-        at::Tensor yi = y.narrow(0, start, end - start);
-        at::cpu::mm_out(yi, a.narrow(0, start, end - start), rhs_col_major ? wi.t() : wi);
-      }
-      start = end;
-    }
-    if (start < m) y.narrow(0, start, m - start).zero_();
+    std::vector<int64_t> used;  // non-empty groups
+    for (int64_t i = 0; i < g; ++i)
+      if (e[i] > (i ? e[i - 1] : 0)) used.push_back(i);
+    const int64_t threads = gemm_threads(), parts = column_parts(n, threads);
+    run_tasks(static_cast<int64_t>(used.size()) * parts, threads, [&](int64_t t) {
+      const int64_t i = used[t / parts], r0 = i ? e[i - 1] : 0;
+      const auto [c0, c1] = part_columns(n, parts, t % parts);
+      at::Tensor wi = w.select(0, i);
+      wi = rhs_col_major ? wi.narrow(0, c0, c1 - c0).t() : wi.narrow(1, c0, c1 - c0);
+      at::Tensor yi = y.narrow(0, r0, e[i] - r0).narrow(1, c0, c1 - c0);
+      at::cpu::mm_out(yi, a.narrow(0, r0, e[i] - r0), wi);
+    });
+    const int64_t tail = e.empty() ? 0 : e.back();
+    if (tail < m) y.narrow(0, tail, m - tail).zero_();
   } catch (const std::exception& ex) {
     return ffi::Error(ffi::ErrorCode::kInternal, std::string("torch_tpu.ragged_dot: ") + ex.what());
   }
@@ -111,20 +239,20 @@ ffi::Error ragged_dot_wgrad(ffi::AnyBuffer lhs, ffi::AnyBuffer grad, ffi::AnyBuf
   try {
     at::Tensor a = wrap(lhs), d = wrap(grad), y = wrap(*out);
     TORCH_CHECK(a.dim() == 2 && d.dim() == 2 && y.dim() == 3, "bad operand ranks");
-    const int64_t m = a.size(0), g = y.size(0);
+    const int64_t m = a.size(0), g = y.size(0), n = y.size(2);
     TORCH_CHECK(static_cast<int64_t>(groups.element_count()) == g, "group count mismatch");
     const std::vector<int64_t> e = group_ends(groups, group_sizes != 0, m);
-    int64_t start = 0;
-    for (int64_t i = 0; i < g; ++i) {
-      const int64_t end = e[i];
-      at::Tensor yi = y.select(0, i);
-      if (end > start) {
-        at::cpu::mm_out(yi, a.narrow(0, start, end - start).t(), d.narrow(0, start, end - start));
+    const int64_t threads = gemm_threads(), parts = column_parts(n, threads);
+    run_tasks(g * parts, threads, [&](int64_t t) {
+      const int64_t i = t / parts, r0 = i ? e[i - 1] : 0;
+      const auto [c0, c1] = part_columns(n, parts, t % parts);
+      at::Tensor yi = y.select(0, i).narrow(1, c0, c1 - c0);
+      if (e[i] > r0) {
+        at::cpu::mm_out(yi, a.narrow(0, r0, e[i] - r0).t(), d.narrow(0, r0, e[i] - r0).narrow(1, c0, c1 - c0));
       } else {
         yi.zero_();
       }
-      start = end;
-    }
+    });
   } catch (const std::exception& ex) {
     return ffi::Error(ffi::ErrorCode::kInternal, std::string("torch_tpu.ragged_dot_wgrad: ") + ex.what());
   }

@@ -12,10 +12,13 @@
 //    their kv head as one matrix: every product is a canonical batched matmul over N = B*Hkv
 //    ([N, G*L, E] x [N, S, E]), and the backward's sum over each group is part of the dK/dV
 //    contraction over G*L.
-// The forward normalizes after the product with V; without dropout, scores over 4 MiB are not
-// materialized at once but computed per block of query rows in a stablehlo.while (XLA:CPU would
-// otherwise stream them through memory several times: 5 self-attentions of a small SD UNet at
-// 32x32 latents were ~80% of its compiled forward).
+// The forward normalizes after the product with V, whose extra column of ones gives the row sums.
+// Without dropout and bias the softmax shift is an upper bound of each row's maximum from the
+// keys' per-dimension extremes (no pass over the scores; rows whose sums show it was too loose
+// are recomputed with the exact maxima). Without dropout, scores over 4 MiB are not materialized
+// at once but computed per block of query rows in a stablehlo.while (XLA:CPU would otherwise
+// stream them through memory several times: 5 self-attentions of a small SD UNet at 32x32
+// latents were ~80% of its compiled forward).
 // Dropout draws Philox bits keyed by the generator state (seed, offset) this call received; the
 // forward returns that state as philox_seed/philox_offset, so the backward regenerates the
 // identical keep-mask from them.
@@ -176,35 +179,118 @@ double dropout_of(const OpCall& c) {
 struct Rows {
   Value out;  // [N, R, Ev]
   Value lse;  // [N, R]
+  Value sum;  // [N, R]: the row sums of exp(s - shift) (0 for a fully masked row)
 };
 
-// Softmax attention of the query rows qr [N, R, E] (rows r0.. of M; `bias` their [N, R, S] bias;
-// `keep` an optional dropout keep-mask [N, R, S]). A row whose scores are all -inf gives zeros
-// and lse -inf, like _safe_softmax. The product with V takes the unnormalized exp(s - max) and
-// the [N, R, Ev] result is divided by the row sums afterwards, as PyTorch's CPU flash kernel
-// does: one pass over the [N, R, S] scores fewer than normalizing them (dropout's mask and
-// 1/(1-p) are per element, so they commute with the per-row division).
-Rows attend_rows(Builder& b, Value qr, Value k3, Value v3, const std::optional<Value>& bias, bool causal, Value r0,
-                 const Dims& d, ElemType t, double scale, const std::optional<Value>& keep = std::nullopt,
-                 double p = 0) {
+// Output and logsumexp from the product [N, R, Ev] of the unnormalized exp(s - shift) with V and
+// the row sums: the product is divided by the row sums afterwards, as PyTorch's CPU flash kernel
+// does (one pass over the [N, R, S] scores fewer than normalizing them). A row whose scores are
+// all -inf (sum 0) gives zeros and lse -inf, like _safe_softmax.
+Rows normalize(Builder& b, Value pv, Value sum, Value shift, ElemType t) {
+  const Shape s2 = sum.shape();
+  Value dead = b.compare(Cmp::EQ, sum, b.zeros(Type{t, s2}));
+  Value inv = b.select(dead, b.zeros(Type{t, s2}), b.div(b.constant_f(1.0, t, s2), sum));
+  Value out = b.mul(pv, b.broadcast_in_dim(inv, pv.shape(), {0, 1}));
+  return {out, b.add(shift, b.log(sum)), sum};  // log(0) = -inf for dead rows
+}
+
+// The product of exp(s - shift) [N, R, S] with v1 = [V, 1] ([N, S, Ev + 1]): the last column of
+// the product is the row sums, so no separate pass over the scores sums them.
+Rows product_with_sums(Builder& b, Value e, Value v1, Value shift, ElemType t) {
+  Value pv1 = b.dot_general(e, v1, {0}, {0}, {2}, {1}, t);  // [N, R, Ev + 1]
+  const Shape s = pv1.shape();
+  const int64_t ev = s[2] - 1;
+  Value pv = b.slice(pv1, {0, 0, 0}, {s[0], s[1], ev});
+  Value sum = b.reshape(b.slice(pv1, {0, 0, ev}, s), {s[0], s[1]});
+  return normalize(b, pv, sum, shift, t);
+}
+
+// V with a column of ones appended, [N, S, Ev + 1] (see product_with_sums).
+Value with_ones(Builder& b, Value v3, ElemType t) {
+  const Shape& s = v3.shape();
+  return b.concatenate({v3, b.constant_f(1.0, t, {s[0], s[1], 1})}, 2);
+}
+
+// Softmax attention of the query rows qr [N, R, E] (rows r0.. of M; `bias` their [N, R, S] bias)
+// with dropout's keep-mask `keep` [N, R, S] (mask and 1/(1-p) are per element, so they commute
+// with the per-row division; the row sums are taken before dropout).
+Rows attend_dropout(Builder& b, Value qr, Value k3, Value v3, const std::optional<Value>& bias, bool causal,
+                    Value r0, const Dims& d, ElemType t, double scale, Value keep, double p) {
   Value s = scores_rows(b, qr, k3, bias, causal, r0, d, t, scale);
   const Shape s3 = s.shape(), s2{s3[0], s3[1]};
   Value m = b.reduce(s, b.lowest(t), {2}, "maximum");
-  Value dead = b.compare(Cmp::EQ, m, b.lowest(t, s2));
-  Value m_safe = b.select(dead, b.zeros(Type{t, s2}), m);
+  Value m_safe = b.select(b.compare(Cmp::EQ, m, b.lowest(t, s2)), b.zeros(Type{t, s2}), m);
   Value e = b.exp(b.sub(s, b.broadcast_in_dim(m_safe, s3, {0, 1})));
   Value sum = b.reduce(e, b.zeros(Type{t, {}}), {2}, "add");
-  Value inv = b.select(dead, b.zeros(Type{t, s2}), b.div(b.constant_f(1.0, t, s2), sum));
-  if (keep) e = apply_dropout(b, e, *keep, p);
-  Value out = b.dot_general(e, v3, {0}, {0}, {2}, {1}, t);  // [N, R, Ev]
-  out = b.mul(out, b.broadcast_in_dim(inv, out.shape(), {0, 1}));
-  return {out, b.add(m_safe, b.log(sum))};  // log(0) = -inf for dead rows
+  Value pv = b.dot_general(apply_dropout(b, e, keep, p), v3, {0}, {0}, {2}, {1}, t);  // [N, R, Ev]
+  return normalize(b, pv, sum, m_safe, t);
 }
 
-// Scores of one block of query rows stay near this size (in L2 cache) in the blocked forward.
-constexpr int64_t kBlockBytes = 1 << 20;
+// Softmax attention of the query rows qr without dropout, shifted by the exact row maxima.
+Rows attend_exact(Builder& b, Value qr, Value k3, Value v1, const std::optional<Value>& bias, bool causal,
+                  Value r0, const Dims& d, ElemType t, double scale) {
+  Value s = scores_rows(b, qr, k3, bias, causal, r0, d, t, scale);
+  const Shape s3 = s.shape(), s2{s3[0], s3[1]};
+  Value m = b.reduce(s, b.lowest(t), {2}, "maximum");
+  Value m_safe = b.select(b.compare(Cmp::EQ, m, b.lowest(t, s2)), b.zeros(Type{t, s2}), m);
+  return product_with_sums(b, b.exp(b.sub(s, b.broadcast_in_dim(m_safe, s3, {0, 1}))), v1, m_safe, t);
+}
+
+// Per-dimension extremes of the keys, [N, E] each: the shift bound of attend_bounded.
+struct KeyRange {
+  Value max, min;
+};
+KeyRange key_range(Builder& b, Value k3, ElemType t) {
+  return {b.reduce(k3, b.lowest(t), {1}, "maximum"), b.reduce(k3, b.highest(t), {1}, "minimum")};
+}
+
+// A row sum of exp(s - bound) below this means the bound may sit so far above the row's maximum
+// that its terms lost precision (the largest term is at least sum / S, normal in f32 for any S
+// below e^37): such rows are computed again with the exact maxima.
+constexpr double kMinBoundedSum = 1.9287498479639178e-22;  // e^-50
+
+// Without a bias (causal allowed), the shift needs no pass over the scores: the per-row bound
+// sum_e max(q_e * max_j k_je, q_e * min_j k_je) >= max_j q.k_j (exp(s - bound) <= 1, no overflow;
+// softmax is shift-invariant). If any row's sum shows the bound was too loose, the rows are
+// computed again with the exact maxima (a stablehlo.while of 0 or 1 iteration).
+Rows attend_bounded(Builder& b, Value qr, Value k3, Value v1, const KeyRange& kr, bool causal, Value r0,
+                    const Dims& d, ElemType t, double scale) {
+  Value s = scores_rows(b, qr, k3, std::nullopt, causal, r0, d, t, scale);
+  const Shape s3 = s.shape(), q3 = qr.shape();
+  Value qs = b.mul(qr, b.constant_f(scale, t, q3));
+  auto per_row = [&](Value k) { return b.mul(qs, b.broadcast_in_dim(k, q3, {0, 2})); };
+  Value bound = b.reduce(b.max(per_row(kr.max), per_row(kr.min)), b.zeros(Type{t, {}}), {2}, "add");
+  Value e = b.exp(b.sub(s, b.broadcast_in_dim(bound, s3, {0, 1})));
+  Rows r = product_with_sums(b, e, v1, bound, t);
+  Value smallest = b.reduce(r.sum, b.highest(t), {0, 1}, "minimum");
+  Value redo = b.compare(Cmp::LT, smallest, b.constant_f(kMinBoundedSum, t));
+  std::vector<Value> st = b.while_loop(
+      {redo, r.out, r.lse, r.sum, qr, k3, v1, r0}, [&](const std::vector<Value>& x) { return x[0]; },
+      [&](const std::vector<Value>& x) {
+        Rows exact = attend_exact(b, x[4], x[5], x[6], std::nullopt, causal, x[7], d, t, scale);
+        std::vector<Value> next = x;
+        next[0] = b.constant_i(0, ElemType::Pred);
+        next[1] = exact.out;
+        next[2] = exact.lse;
+        next[3] = exact.sum;
+        return next;
+      });
+  return {st[1], st[2], st[3]};
+}
+
+// Forward rows without dropout: the bounded shift when there is no bias, else the exact maxima.
+Rows attend_rows(Builder& b, Value qr, Value k3, Value v1, const std::optional<Value>& bias,
+                 const std::optional<KeyRange>& kr, bool causal, Value r0, const Dims& d, ElemType t, double scale) {
+  if (kr && !bias) return attend_bounded(b, qr, k3, v1, *kr, causal, r0, d, t, scale);
+  return attend_exact(b, qr, k3, v1, bias, causal, r0, d, t, scale);
+}
+
+// Scores of one block of query rows stay near this size in the blocked forward (alternated A/B on
+// the UNet's [16, 1024, 1024] scores: 4 MiB blocks beat 1 MiB ones, whose many small products
+// and loop steps cost more than the cache misses they save).
+constexpr int64_t kBlockBytes = 4 << 20;
 // Above this size the [N, M, S] scores are not materialized at once: XLA:CPU would write and
-// re-read them from memory 4-5 times (max, exp, sum, product), page-faulting fresh buffers.
+// re-read them from memory several times (max, exp, product), page-faulting fresh buffers.
 constexpr int64_t kBlockedAboveBytes = 4 << 20;
 
 // Query rows per block for the forward, or 0 when the scores are small enough for one pass.
@@ -217,38 +303,117 @@ int64_t block_rows(const Dims& d, ElemType t) {
 
 // The forward over blocks of R query rows in a stablehlo.while (a static tail block for M % R
 // rows): each block's scores live only inside the loop body.
-Rows attend_blocked(Builder& b, Value q3, Value k3, Value v3, const std::optional<Value>& bias3, bool causal,
-                    const Dims& d, ElemType t, double scale, int64_t R) {
+Rows attend_blocked(Builder& b, Value q3, Value k3, Value v1, const std::optional<Value>& bias3,
+                    const std::optional<KeyRange>& kr, bool causal, const Dims& d, ElemType t, double scale,
+                    int64_t R) {
   const ElemType I = ElemType::S64;
   const int64_t nb = d.M() / R, tail_start = nb * R;
   std::vector<Value> init{b.constant_i(0, I), b.zeros(Type{t, {d.N(), d.M(), d.Ev}}), b.zeros(Type{t, d.rows()}),
-                          q3, k3, v3};
+                          q3, k3, v1};
+  // Optional state after the fixed six: the bias, the key range.
+  const size_t bias_at = init.size();
   if (bias3) init.push_back(*bias3);
+  const size_t kr_at = init.size();
+  if (kr) {
+    init.push_back(kr->max);
+    init.push_back(kr->min);
+  }
   std::vector<Value> st = b.while_loop(
       init, [&](const std::vector<Value>& s) { return b.compare(Cmp::LT, s[0], b.constant_i(nb, I)); },
       [&](const std::vector<Value>& s) {
         Value z = b.constant_i(0, I), r0 = b.mul(s[0], b.constant_i(R, I));
         std::optional<Value> bias;
-        if (bias3) bias = b.dynamic_slice(s[6], {z, r0, z}, {d.N(), R, d.S});
-        Rows r = attend_rows(b, b.dynamic_slice(s[3], {z, r0, z}, {d.N(), R, d.E}), s[4], s[5], bias, causal, r0,
-                             d, t, scale);
+        if (bias3) bias = b.dynamic_slice(s[bias_at], {z, r0, z}, {d.N(), R, d.S});
+        std::optional<KeyRange> krs;
+        if (kr) krs = KeyRange{s[kr_at], s[kr_at + 1]};
+        Rows r = attend_rows(b, b.dynamic_slice(s[3], {z, r0, z}, {d.N(), R, d.E}), s[4], s[5], bias, krs, causal,
+                             r0, d, t, scale);
         std::vector<Value> next = s;
         next[0] = b.add(s[0], b.constant_i(1, I));
         next[1] = b.dynamic_update_slice(s[1], r.out, {z, r0, z});
         next[2] = b.dynamic_update_slice(s[2], r.lse, {z, r0});
         return next;
       });
-  Rows all{st[1], st[2]};
+  Rows all{st[1], st[2], st[2]};
   if (tail_start < d.M()) {
     std::optional<Value> bias;
     if (bias3) bias = b.slice(*bias3, {0, tail_start, 0}, {d.N(), d.M(), d.S});
     Value z = b.constant_i(0, I), r0 = b.constant_i(tail_start, I);
-    Rows r = attend_rows(b, b.slice(q3, {0, tail_start, 0}, {d.N(), d.M(), d.E}), k3, v3, bias, causal, r0, d, t,
-                         scale);
+    Rows r = attend_rows(b, b.slice(q3, {0, tail_start, 0}, {d.N(), d.M(), d.E}), k3, v1, bias, kr, causal, r0, d,
+                         t, scale);
     all.out = b.dynamic_update_slice(all.out, r.out, {z, r0, z});
     all.lse = b.dynamic_update_slice(all.lse, r.lse, {z, r0});
   }
   return all;
+}
+
+// Gradients of one block of query rows qr [N, R, E] (rows r0.. of M) without dropout or float
+// bias: P = exp(s - lse) rebuilt from the saved logsumexp (0 on fully masked rows, lse -inf),
+// dS = P * (dP - D) with D = rowsum(dO * O) (= rowsum(P * dP), FlashAttention's identity).
+// -> dQ rows [N, R, E] and the block's contributions to dK [N, S, E] and dV [N, S, Ev].
+struct BlockGrads {
+  Value dq, dk, dv;
+};
+BlockGrads grads_rows(Builder& b, Value qr, Value k3, Value v3, Value dout, Value lse, Value D,
+                      const std::optional<Value>& mask, bool causal, Value r0, const Dims& d, ElemType t,
+                      double scale) {
+  Value s = scores_rows(b, qr, k3, mask, causal, r0, d, t, scale);
+  const Shape s3 = s.shape(), s2{s3[0], s3[1]};
+  Value dead = b.compare(Cmp::EQ, lse, b.lowest(t, s2));
+  Value lse_safe = b.select(dead, b.zeros(Type{t, s2}), lse);
+  Value probs = b.exp(b.sub(s, b.broadcast_in_dim(lse_safe, s3, {0, 1})));
+  probs = b.select(b.broadcast_in_dim(dead, s3, {0, 1}), b.zeros(Type{t, s3}), probs);
+  Value dv = b.dot_general(probs, dout, {0}, {0}, {1}, {1}, t);  // [N, S, Ev]
+  Value dp = b.dot_general(dout, v3, {0}, {0}, {2}, {2}, t);     // [N, R, S]
+  Value dss = b.mul(b.mul(probs, b.sub(dp, b.broadcast_in_dim(D, s3, {0, 1}))), b.constant_f(scale, t, s3));
+  Value dq = b.dot_general(dss, k3, {0}, {0}, {2}, {1}, t);  // [N, R, E]
+  Value dk = b.dot_general(dss, qr, {0}, {0}, {1}, {1}, t);  // [N, S, E]
+  return {dq, dk, dv};
+}
+
+// The backward over blocks of R query rows in a stablehlo.while (a static tail block for M % R
+// rows), dK and dV accumulated in the loop state: no [N, M, S] tensor is materialized.
+std::vector<Value> grads_blocked(Builder& b, Value q3, Value k3, Value v3, Value dout, Value lse, Value D,
+                                 const std::optional<Value>& mask3, bool causal, const Dims& d, ElemType t,
+                                 double scale, int64_t R) {
+  const ElemType I = ElemType::S64;
+  const int64_t nb = d.M() / R, tail_start = nb * R;
+  std::vector<Value> init{b.constant_i(0, I),
+                          b.zeros(Type{t, {d.N(), d.M(), d.E}}),
+                          b.zeros(Type{t, {d.N(), d.S, d.E}}),
+                          b.zeros(Type{t, {d.N(), d.S, d.Ev}}),
+                          q3, k3, v3, dout, lse, D};
+  if (mask3) init.push_back(*mask3);
+  std::vector<Value> st = b.while_loop(
+      init, [&](const std::vector<Value>& s) { return b.compare(Cmp::LT, s[0], b.constant_i(nb, I)); },
+      [&](const std::vector<Value>& s) {
+        Value z = b.constant_i(0, I), r0 = b.mul(s[0], b.constant_i(R, I));
+        std::optional<Value> mask;
+        if (mask3) mask = b.dynamic_slice(s[10], {z, r0, z}, {d.N(), R, d.S});
+        auto rows = [&](Value x, int64_t w) { return b.dynamic_slice(x, {z, r0, z}, {d.N(), R, w}); };
+        Value lse_r = b.dynamic_slice(s[8], {z, r0}, {d.N(), R}), D_r = b.dynamic_slice(s[9], {z, r0}, {d.N(), R});
+        BlockGrads g = grads_rows(b, rows(s[4], d.E), s[5], s[6], rows(s[7], d.Ev), lse_r, D_r, mask, causal, r0, d,
+                                  t, scale);
+        std::vector<Value> next = s;
+        next[0] = b.add(s[0], b.constant_i(1, I));
+        next[1] = b.dynamic_update_slice(s[1], g.dq, {z, r0, z});
+        next[2] = b.add(s[2], g.dk);
+        next[3] = b.add(s[3], g.dv);
+        return next;
+      });
+  Value dq = st[1], dk = st[2], dv = st[3];
+  if (tail_start < d.M()) {
+    auto rows = [&](Value x, int64_t w) { return b.slice(x, {0, tail_start, 0}, {d.N(), d.M(), w}); };
+    std::optional<Value> mask;
+    if (mask3) mask = rows(*mask3, d.S);
+    BlockGrads g = grads_rows(b, rows(q3, d.E), k3, v3, rows(dout, d.Ev), b.slice(lse, {0, tail_start}, d.rows()),
+                              b.slice(D, {0, tail_start}, d.rows()), mask, causal, b.constant_i(tail_start, I), d, t,
+                              scale);
+    dq = b.dynamic_update_slice(dq, g.dq, {b.constant_i(0, I), b.constant_i(tail_start, I), b.constant_i(0, I)});
+    dk = b.add(dk, g.dk);
+    dv = b.add(dv, g.dv);
+  }
+  return {dq, dk, dv};
 }
 
 }  // namespace
@@ -270,18 +435,32 @@ TPU_LOWER_WITH(_scaled_dot_product_fused_attention_overrideable, .random = true,
   Rows r;
   if (p > 0) {
     Value state = c.tensor("generator");
-    r = attend_rows(b, q3, k3, v3, bias3, causal, b.constant_i(0, ElemType::S64), d, t, scale,
-                    keep_mask(b, state, d, p), p);
+    r = attend_dropout(b, q3, k3, v3, bias3, causal, b.constant_i(0, ElemType::S64), d, t, scale,
+                       keep_mask(b, state, d, p), p);
     seed_out = b.bitcast(b.reshape(b.slice(state, {0}, {1}), {}), Type{ElemType::S64, {}});
     offset_out = b.bitcast(b.reshape(b.slice(state, {1}, {2}), {}), Type{ElemType::S64, {}});
-  } else if (int64_t rows = block_rows(d, t)) {
-    r = attend_blocked(b, q3, k3, v3, bias3, causal, d, t, scale, rows);
   } else {
-    r = attend_rows(b, q3, k3, v3, bias3, causal, b.constant_i(0, ElemType::S64), d, t, scale);
+    Value v1 = with_ones(b, v3, t);
+    std::optional<KeyRange> kr;
+    if (!bias3) kr = key_range(b, k3, t);
+    if (int64_t rows = block_rows(d, t)) {
+      r = attend_blocked(b, q3, k3, v1, bias3, kr, causal, d, t, scale, rows);
+    } else {
+      r = attend_rows(b, q3, k3, v1, bias3, kr, causal, b.constant_i(0, ElemType::S64), d, t, scale);
+    }
   }
   Value out = r.out, lse = r.lse;
   Value none = b.zeros(Type{ElemType::S64, {}});  // undefined outputs (cum_seq_*, debug mask)
   return {out, b.convert(lse, ElemType::F32), none, none, seed_out, offset_out, none};
+}
+
+// Whether the backward must return the float attn_bias's gradient (a bool mask has none; an
+// unrequested one is an undefined output, not of the bias's rank).
+static bool bias_grad_wanted(const OpCall& c) {
+  if (!c.has("attn_bias") || c.tensor("attn_bias").elem() == ElemType::Pred) return false;
+  const Arg* m = c.find("grad_input_mask");
+  if (m && m->kind == Arg::Kind::IntList && m->ints.size() == 4 && m->ints[3] == 0) return false;
+  return out_type(c, 3).shape.size() == static_cast<size_t>(c.tensor("attn_bias").rank());
 }
 
 // -> (grad_query, grad_key, grad_value, grad_attn_bias), from the saved logsumexp.
@@ -295,6 +474,14 @@ TPU_LOWER(_scaled_dot_product_fused_attention_overrideable_backward) {
   Value q3 = grouped_q(b, q, d, d.E, t);
   Value k3 = kv3(b, k, d, d.E, t), v3 = kv3(b, v, d, d.Ev, t);
   Value dout = grouped_q(b, c.tensor("grad_out"), d, d.Ev, t);
+  if (int64_t rows = p > 0 || bias_grad_wanted(c) ? 0 : block_rows(d, t)) {
+    // Without dropout or a bias gradient (which is dS itself), large scores take the loop.
+    Value lse = b.reshape(b.convert(c.tensor("logsumexp"), t), s2);
+    Value D = b.reduce(b.mul(dout, grouped_q(b, c.tensor("out"), d, d.Ev, t)), b.zeros(Type{t, {}}), {2}, "add");
+    std::vector<Value> g = grads_blocked(b, q3, k3, v3, dout, lse, D, bias_scores(b, c, d), c.bool_("is_causal"), d,
+                                         t, scale, rows);
+    return {g[0], g[1], g[2], b.zeros(Type{t, out_type(c, 3).shape})};
+  }
   Value s = scores(b, c, q3, k3, d, t, scale);
 
   // P = exp(s - lse); rows whose lse is -inf were fully masked: P = 0 there.
@@ -324,8 +511,7 @@ TPU_LOWER(_scaled_dot_product_fused_attention_overrideable_backward) {
 
   // (A bool mask has no gradient; an undefined grad_attn_bias output ignores the value.)
   Value dbias = b.zeros(Type{t, out_type(c, 3).shape});
-  if (c.has("attn_bias") && c.tensor("attn_bias").elem() != ElemType::Pred &&
-      out_type(c, 3).shape.size() == static_cast<size_t>(c.tensor("attn_bias").rank())) {
+  if (bias_grad_wanted(c)) {
     // The bias gradient is dS summed over the dims the bias was broadcast along.
     Shape target = bias_target(d);
     const Shape bs = c.tensor("attn_bias").shape();

@@ -344,23 +344,29 @@ std::string grouped_mm_path() {
 
 std::atomic<bool> host_available{false}, host_enabled{true}, host_any_size{false};
 
-// Below this many multiply-adds (rows x K x N over all groups) the XLA path is used: at tiny MoE
-// sizes the per-group GEMM calls cost more than XLA's small dot (the 4-expert, hidden-64 models of
-// bench_grouped_mm decode at 0.8x the tokens/s when their 4M-MAC prefill and 0.5M-MAC decode calls
-// take the host kernel); at the benchmark shape (67M) it is 1.7-3x faster than XLA in bf16.
+// The host kernel is used from kHostKernelMinMacs multiply-adds (rows x K x N over all groups), or
+// from kHostKernelMinWeights elements of the [G,K,N] weights (output, for the weight gradient).
+// Below both, XLA's small dot is faster: the 4-expert, hidden-64 models of bench_grouped_mm decode
+// at 0.8x the tokens/s when their 4M-MAC prefill and 0.5M-MAC decode calls take the host kernel,
+// and 16 rows x [8,512,512] (4M MACs, 2M weights) runs 0.84-0.98x. The XLA paths' cost grows with
+// the weights (a window of rows per group against every expert), so few rows against large experts
+// (decode batch 1-4 of a real-size MoE) take the host kernel however few the MACs: 2 rows x
+// [8,2048,1408] (6M MACs, 23M weights) ran 2-4x faster on it, 8 rows x [64,768,2048] 4-8x
+// (docs/kernels.md); at the benchmark shape (67M MACs) 1.1-1.5x.
 constexpr int64_t kHostKernelMinMacs = int64_t{1} << 24;
+constexpr int64_t kHostKernelMinWeights = int64_t{1} << 23;
 
 // Whether this call takes the host kernel: the boxed kernels pass the switch as the hint
 // "host_kernel" (part of the plan key); compiled graphs, which have no hint, read it now.
 // TORCH_TPU_GROUPED_MM=<strategy> forces an XLA strategy instead.
-bool use_host_kernel(const OpCall& c, ElemType in, ElemType out, int64_t macs) {
+bool use_host_kernel(const OpCall& c, ElemType in, ElemType out, int64_t macs, int64_t weights) {
   if (!host_kernels_available() || in != out) return false;
   if (in != ElemType::F32 && in != ElemType::BF16 && in != ElemType::F16) return false;
   const std::string p = grouped_mm_path();
   if (!p.empty() && p != "host") return false;
   const bool on = c.has("host_kernel") ? c.bool_("host_kernel") : host_kernels_enabled();
   const bool any_size = c.has("host_kernel_any_size") ? c.bool_("host_kernel_any_size") : host_kernels_any_size();
-  return on && (any_size || macs >= kHostKernelMinMacs);
+  return on && (any_size || macs >= kHostKernelMinMacs || weights >= kHostKernelMinWeights);
 }
 
 Value host_call(Builder& b, const char* target, const std::vector<Value>& operands, const Type& out,
@@ -429,7 +435,7 @@ TPU_LOWER(_grouped_mm) {
 
   if (ra == 2 && rw == 3) {  // [M,K] x [G,K,N]: offs over rows
     const int64_t macs = a.shape()[0] * a.shape()[1] * w.shape()[2];
-    if (use_host_kernel(c, a.elem(), o.elem, macs))
+    if (use_host_kernel(c, a.elem(), o.elem, macs, g * a.shape()[1] * w.shape()[2]))
       return {rows_host(b, a, w, offs, false, o.elem, c.bool_("mat2_col_major"))};
     return {rows_dispatch(b, a, w, offs, t, c.bool_("mat2_col_major"))};
   }
@@ -440,7 +446,7 @@ TPU_LOWER(_grouped_mm) {
     return {select_group(b, all, mask, 0)};
   }
   if (ra == 2 && rw == 2) {  // [M,K] x [K,N]: offs over K -> [G,M,N]
-    if (use_host_kernel(c, a.elem(), o.elem, a.shape()[0] * a.shape()[1] * w.shape()[1]))
+    if (use_host_kernel(c, a.elem(), o.elem, a.shape()[0] * a.shape()[1] * w.shape()[1], o.numel()))
       return {k_host(b, b.transpose(a, {1, 0}), w, offs, false, o.elem)};
     if (grouped_mm_path() != "dense" && grouped_mm_path() != "tiled") return {k_windowed(b, a, w, offs, t)};
     const int64_t m = a.shape()[0], k = a.shape()[1], n = w.shape()[1];
@@ -473,7 +479,7 @@ TPU_LOWER(ragged_dot) {
   const Type& o = out_type(c);
   if (o.numel() == 0) return {b.zeros(o)};
   const Value lhs = c.tensor("lhs"), rhs = c.tensor("rhs"), sizes = c.tensor("group_sizes");
-  if (use_host_kernel(c, lhs.elem(), o.elem, lhs.shape()[0] * lhs.shape()[1] * o.shape[1]))
+  if (use_host_kernel(c, lhs.elem(), o.elem, lhs.shape()[0] * lhs.shape()[1] * o.shape[1], rhs.type.numel()))
     return {rows_host(b, lhs, rhs, sizes, true, o.elem, c.bool_("rhs_col_major"))};
   return {rows_dispatch(b, lhs, rhs, group_ends(b, sizes), opmath(o.elem), c.bool_("rhs_col_major"))};
 }
@@ -482,7 +488,7 @@ TPU_LOWER(ragged_dot_weight_grad) {
   const Type& o = out_type(c);
   if (o.numel() == 0) return {b.zeros(o)};
   const Value lhs = c.tensor("lhs"), grad = c.tensor("grad"), sizes = c.tensor("group_sizes");
-  if (use_host_kernel(c, lhs.elem(), o.elem, lhs.shape()[0] * lhs.shape()[1] * o.shape[2]))
+  if (use_host_kernel(c, lhs.elem(), o.elem, lhs.shape()[0] * lhs.shape()[1] * o.shape[2], o.numel()))
     return {k_host(b, lhs, grad, sizes, true, o.elem)};
   return {k_windowed(b, b.transpose(lhs, {1, 0}), grad, group_ends(b, sizes), opmath(o.elem))};
 }

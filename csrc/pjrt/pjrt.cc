@@ -1,6 +1,7 @@
 #include "pjrt.h"
 
 #include <algorithm>
+#include <cstring>
 #include <iterator>
 
 #include <dlfcn.h>
@@ -124,6 +125,7 @@ Buffer::~Buffer() {
 }
 
 void Buffer::to_host(void* dst, size_t nbytes) const {
+  if (api_->host_memory_buffers() && read_host_memory(dst, nbytes)) return;
   auto a = PJRT_ARGS(PJRT_Buffer_ToHostBuffer_Args);
   a.src = buf_;
   a.dst = dst;
@@ -131,6 +133,49 @@ void Buffer::to_host(void* dst, size_t nbytes) const {
   api_->check(api_->raw()->PJRT_Buffer_ToHostBuffer(&a), "PJRT_Buffer_ToHostBuffer");
   Event ev(api_, a.event);
   ev.wait();
+}
+
+// XLA:CPU's ToHostBuffer runs the copy on its thread pool even when the buffer is ready: a thread
+// hop per host read (tens of microseconds on a busy machine, most of a small .item()). Its device
+// memory is host memory, so a dense buffer (rank <= 1, the runtime's flat storages) of exactly
+// `nbytes` is copied directly once its producer finished, under an external reference (the
+// plugin neither frees nor donates it meanwhile). False: take the plugin's path.
+bool Buffer::read_host_memory(void* dst, size_t nbytes) const {
+  const PJRT_Api* raw = api_->raw();
+  auto size = PJRT_ARGS(PJRT_Buffer_OnDeviceSizeInBytes_Args);
+  size.buffer = buf_;
+  if (raw->PJRT_Buffer_OnDeviceSizeInBytes == nullptr || raw->PJRT_Buffer_OpaqueDeviceMemoryDataPointer == nullptr ||
+      raw->PJRT_Buffer_IncreaseExternalReferenceCount == nullptr)
+    return false;
+  api_->check(raw->PJRT_Buffer_OnDeviceSizeInBytes(&size), "PJRT_Buffer_OnDeviceSizeInBytes");
+  if (size.on_device_size_in_bytes != nbytes || dims().size() > 1) return false;
+  auto inc = PJRT_ARGS(PJRT_Buffer_IncreaseExternalReferenceCount_Args);
+  inc.buffer = buf_;
+  try {
+    api_->check(raw->PJRT_Buffer_IncreaseExternalReferenceCount(&inc), "PJRT_Buffer_IncreaseExternalReferenceCount");
+  } catch (const Error&) {  // e.g. a deleted buffer: the plugin's path reports it
+    return false;
+  }
+  struct Release {
+    const Api& api;
+    PJRT_Buffer* buf;
+    ~Release() {
+      auto dec = PJRT_ARGS(PJRT_Buffer_DecreaseExternalReferenceCount_Args);
+      dec.buffer = buf;
+      if (PJRT_Error* err = api.raw()->PJRT_Buffer_DecreaseExternalReferenceCount(&dec)) {
+        try {
+          api.check(err, "PJRT_Buffer_DecreaseExternalReferenceCount");
+        } catch (const Error&) {  // nothing to recover in a destructor; the count stays raised
+        }
+      }
+    }
+  } release{*api_, buf_};
+  wait_ready();  // the producer's errors surface here, as from the plugin's copy
+  auto ptr = PJRT_ARGS(PJRT_Buffer_OpaqueDeviceMemoryDataPointer_Args);
+  ptr.buffer = buf_;
+  api_->check(raw->PJRT_Buffer_OpaqueDeviceMemoryDataPointer(&ptr), "PJRT_Buffer_OpaqueDeviceMemoryDataPointer");
+  if (nbytes) std::memcpy(dst, ptr.device_memory_ptr, nbytes);
+  return true;
 }
 
 std::vector<int64_t> Buffer::dims() const {
@@ -296,6 +341,7 @@ Client::Client(std::shared_ptr<const Api> api, int64_t cpu_device_count) : api_(
   pn.client = client_;
   api_->check(raw->PJRT_Client_PlatformName(&pn), "PJRT_Client_PlatformName");
   platform_name_.assign(pn.platform_name, pn.platform_name_size);
+  if (platform_name_ == "cpu") api_->set_host_memory_buffers(true);  // XLA:CPU: device memory is host memory
   auto pv = PJRT_ARGS(PJRT_Client_PlatformVersion_Args);
   pv.client = client_;
   api_->check(raw->PJRT_Client_PlatformVersion(&pv), "PJRT_Client_PlatformVersion");

@@ -1,5 +1,6 @@
 // RAII C++ over the PJRT C API. Knows nothing about ATen: buffers are typed byte arrays on a device.
 #pragma once
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <stdexcept>
@@ -34,8 +35,13 @@ class Api {
   const std::string& path() const { return path_; }
   // The plugin's extension of `type` (walking extension_start), or null when it offers none.
   const PJRT_Extension_Base* extension(PJRT_Extension_Type type) const;
+  // Whether device buffers are host memory (XLA:CPU; set by the Client): host reads copy them
+  // directly (Buffer::to_host).
+  bool host_memory_buffers() const { return host_memory_buffers_.load(std::memory_order_relaxed); }
+  void set_host_memory_buffers(bool on) const { host_memory_buffers_.store(on, std::memory_order_relaxed); }
 
  private:
+  mutable std::atomic<bool> host_memory_buffers_{false};
   const PJRT_Api* api_ = nullptr;
   void* handle_ = nullptr;
   std::string path_;
@@ -86,6 +92,7 @@ class Buffer {
   std::shared_ptr<Buffer> copy_to_device(PJRT_Device* dev) const;
 
  private:
+  bool read_host_memory(void* dst, size_t nbytes) const;
   std::shared_ptr<const Api> api_;
   PJRT_Buffer* buf_;
 };

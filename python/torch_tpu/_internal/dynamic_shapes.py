@@ -308,6 +308,15 @@ class _PaddedInterpreter(torch.fx.Interpreter):
                 raise Unpaddable("embedding table with a symbolic size")
             # padded positions may hold any index: keep them inside the table
             return target(w, torch.clamp(idx, 0, w.shape[0] - 1), *args[2:], **kwargs)
+        if target is aten.index_select.default:
+            x, d, idx = args[0], args[1] % vals[0].dim(), args[2]
+            if d in _dyn(vals[0]):
+                raise Unpaddable("index_select along a symbolic dim")  # an index past the real size must raise
+            vi = n.args[2].meta["val"]
+            if 0 in _dyn(vi):  # padded positions of the index hold anything: read row 0 there
+                idx = torch.where(_keep(idx, 0, self.real.of(_dyn(vi)[0])), idx, torch.zeros((), dtype=idx.dtype,
+                                                                                              device=idx.device))
+            return target(x, d, idx)
         if target in _VIEWS:
             vmap = _view_map(n.args[0].meta["val"], out_val)
             if vmap is None:
@@ -403,6 +412,16 @@ class _PaddedInterpreter(torch.fx.Interpreter):
             if x.shape[dim] > cap:
                 raise Unpaddable("cat piece larger than the capacity")
             n_real = self.real.of(_expr(s.shape[dim]))
+            if not _free(s.shape[dim]):
+                # A piece of static size k (a KV cache's new token): k rows written at the offset
+                # (a scatter of k rows, not a gather over the whole capacity); they fit, as the
+                # real result does.
+                k = int(s.shape[dim])
+                idx: list[Any] = [None] * out.dim()
+                idx[dim] = offset + torch.arange(k, device=first.device)
+                out = aten.index_put.default(out, idx, x)
+                offset = offset + n_real
+                continue
             src = torch.clamp(rows - offset, 0, x.shape[dim] - 1)
             taken = aten.index_select.default(x, dim, src)
             inside = ((rows >= offset) & (rows < offset + n_real)).reshape(shape)

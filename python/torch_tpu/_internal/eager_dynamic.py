@@ -37,15 +37,38 @@ import torch
 # Counters and decline reasons, shown by torch_tpu.explain() and compile_stats()["eager_dynamic"].
 EAGER: dict[str, Any] = {"bucketed_calls": 0, "gathers": 0, "declined_calls": 0, "traces": 0, "declined": {}}
 
+# Whether successful bucketed calls hand a plan to the C++ fast path (csrc/aten/eager_dynamic.cc),
+# which then runs later calls of the same op, arguments and input layout without Python.
+FAST = [True]
+
+
+def set_fast_path(on: bool) -> bool:
+    """Turns the C++ fast path on or off (for A/B measurements; plans are kept); returns the
+    previous setting."""
+    FAST[0] = on
+    return bool(torch.ops.torch_tpu._dynamic_fast_enable(on))
+
+
 def stats() -> dict[str, Any]:
-    """Copy of EAGER: bucketed calls, runtime-offset gathers, declined calls and why per op."""
-    return {**EAGER, "declined": dict(EAGER["declined"])}
+    """Copy of EAGER: bucketed calls (fast_calls of them served by the C++ fast path),
+    runtime-offset gathers (fast_gathers in C++), declined calls (with the ones C++ sent to the
+    normal path at once) and why per op."""
+    fast = int(torch.ops.torch_tpu._dynamic_fast_calls(False)) if _installed[0] else 0
+    gathers = int(torch.ops.torch_tpu._dynamic_fast_gathers(False)) if _installed[0] else 0
+    declines = int(torch.ops.torch_tpu._dynamic_fast_declines(False)) if _installed[0] else 0
+    return {**EAGER, "bucketed_calls": EAGER["bucketed_calls"] + fast, "fast_calls": fast,
+            "gathers": EAGER["gathers"] + gathers, "fast_gathers": gathers,
+            "declined_calls": EAGER["declined_calls"] + declines, "declined": dict(EAGER["declined"])}
 
 
 def reset_stats() -> None:
     for k in ("bucketed_calls", "gathers", "declined_calls", "traces"):
         EAGER[k] = 0
     EAGER["declined"].clear()
+    if _installed[0]:
+        torch.ops.torch_tpu._dynamic_fast_calls(True)
+        torch.ops.torch_tpu._dynamic_fast_gathers(True)
+        torch.ops.torch_tpu._dynamic_fast_declines(True)
 
 
 _DTYPES = {"Float": torch.float32, "Double": torch.float64, "Half": torch.float16, "BFloat16": torch.bfloat16,
@@ -227,8 +250,10 @@ def _handle(text: str, tensors: list[torch.Tensor | None]) -> list[torch.Tensor]
             _CALLS.clear()
         _CALLS[text] = call
     if isinstance(call, str):
+        torch.ops.torch_tpu._dynamic_decline()
         return _decline(text[: text.find("[")].strip("(,"), call)
     if call.why:
+        torch.ops.torch_tpu._dynamic_decline()
         return _decline(call.op, call.why)
     try:
         return _run(call, list(tensors))
@@ -266,6 +291,8 @@ def _run(call: _Call, tensors: list[Any]) -> list[torch.Tensor]:
         else:
             tensors[i] = _gather(t, padded)
     if not dyn:
+        if FAST[0]:  # later calls gather in C++ and run the op normally
+            torch.ops.torch_tpu._dynamic_passthrough()
         args, kwargs = call.bind(tensors)
         return _results(call.op(*args, **kwargs))
     # One symbol per distinct real size (equal sizes share it, as Dynamo's duck sizing does).
@@ -289,6 +316,8 @@ def _run(call: _Call, tensors: list[Any]) -> list[torch.Tensor]:
         entry = _Traced(call, tensors, dyn, group)
         variants.append(entry)
     if entry.why:
+        if not entry.guards:  # declines whatever the sizes: C++ stops asking for this key
+            torch.ops.torch_tpu._dynamic_decline()
         raise _Decline(entry.why)
     return entry.run(tensors, dyn)
 
@@ -353,6 +382,7 @@ class _Traced:
         exprs = [g.expr for g in env.guards] + [
             __import__("sympy").Eq(s, r) for s, r in env.replacements.items() if s in names]
         printer = PythonPrinter()
+        self.guard_exprs = exprs
         for ex in exprs:
             free = sorted(ex.free_symbols, key=str)
             if not set(free) <= set(names):
@@ -382,18 +412,24 @@ class _Traced:
             if hi is not None and s in self.graph.upper:
                 old = self.graph.upper[s]
                 self.graph.upper[s] = hi if old is None else min(old, hi)
-        # Per result: ("int", -, its value, -) | ("dyn", dim, its real size, max) | ("plain", ...).
+        # Per result: ("int", -, its value, -) | ("dyn", dim, its real size, max) | ("plain", ...),
+        # and the size expression (for the fast path's plan).
         self.out_plan: list[tuple[str, int, Any, int | None]] = []
+        self.out_exprs: list[Any] = []
         for v in self.graph.out_vals:
             if ds._free(v):
                 self.out_plan.append(("int", 0, ds.evaluator(v.node.expr), None))
+                self.out_exprs.append(v.node.expr)
             elif ds._dyn(v):
                 (d, e), = ds._dyn(v).items()
                 hi = min((self.graph.upper[s] for s in e.free_symbols
                           if self.graph.upper.get(s) is not None), default=None)
                 self.out_plan.append(("dyn", d, ds.evaluator(e), hi))
+                self.out_exprs.append(e)
             else:
                 self.out_plan.append(("plain", 0, None, None))
+                self.out_exprs.append(0)
+        self.plans: dict[tuple, Any] = {}  # (bucket, precision) -> fast-path plan (None: cannot express it)
 
     def admits(self, values: dict[int, int]) -> bool:
         if len(values) != len(self.symbols):
@@ -410,6 +446,8 @@ class _Traced:
             raise _Decline(self.why)
         outs, values = got
         EAGER["bucketed_calls"] += 1
+        if FAST[0]:
+            self._register(args, buffers, values, dyn)
         result: list[torch.Tensor] = []
         for o, (kind, d, size, hi) in zip(outs, self.out_plan, strict=True):
             if kind == "int":
@@ -430,6 +468,122 @@ class _Traced:
             else:
                 result.append(torch.tensor(int(o), dtype=torch.int64))
         return result
+
+
+    def _register(self, args: list[Any], buffers: list[Any], values: dict[Any, int], dyn: dict[int, Any]) -> None:
+        """Hands the C++ fast path the plan of this call (the program of its bucket, how to check
+        that a later call takes the same program, how to shape the results), for the call key C++
+        computed before this call reached Python."""
+        g = self.graph
+        b = g._buckets(values, args, buffers)
+        bucket = tuple(b[s] for s in g.symbols + g.int_symbols)
+        from torch_tpu import _C
+
+        precision = _C._matmul_precision()  # the program for the contraction precision now
+        plan = self.plans.get((bucket, precision), False)
+        if plan is False:
+            plan = self.plans[(bucket, precision)] = _plan(self, b, bucket, buffers, [i in dyn for i in self.slots],
+                                                           precision)
+        if plan is not None:
+            torch.ops.torch_tpu._dynamic_plan(*plan)
+
+
+def _poly(e: Any, groups: dict[Any, int]) -> list[int] | None:
+    """A size expression as the fast path's polynomial over the call's size groups:
+    [terms, constant, (coefficient, factors, group...)...]; None when it is not a polynomial
+    with integer coefficients (FloorDiv, Mod, ...: such calls stay on the Python path)."""
+    import sympy
+
+    e = sympy.expand(sympy.sympify(e))
+    const, terms = 0, []
+    for t in sympy.Add.make_args(e):
+        coef, rest = t.as_coeff_Mul()
+        if not coef.is_Integer:
+            return None
+        if rest == 1:
+            const += int(coef)
+            continue
+        fs: list[int] = []
+        for f in sympy.Mul.make_args(rest):
+            base, exp = f.as_base_exp()
+            if base not in groups or not exp.is_Integer or int(exp) < 1:
+                return None
+            fs += [groups[base]] * int(exp)
+        terms.append([int(coef), len(fs), *fs])
+    return [len(terms), const] + [x for t in terms for x in t]
+
+
+def _plan(entry: _Traced, b: dict[Any, int], bucket: tuple, buffers: list[Any], is_dyn: list[bool],
+          precision: int) -> tuple[int, int, list[torch.Tensor], list[int]] | None:
+    """The arguments of torch_tpu::_dynamic_plan for one bucket of a trace, or None when the fast
+    path cannot run it (inputs padded per call, an int-valued symbol, an unusual expression)."""
+    import sympy
+
+    g = entry.graph
+    if g.int_symbols or ("padded", bucket) not in g.programs:
+        return None
+    tensor_idx, prog = g.programs[("padded", bucket)]
+    if list(tensor_idx) != list(range(len(buffers))):
+        return None
+    groups = {e: k for k, e in entry.symbols.items()}
+    data: list[int] = [len(g.symbols)]
+    for s in g.symbols:
+        data += [groups[s], -1 if g.upper[s] is None else g.upper[s], b[s]]
+    caps: list[int] = []
+    for pos, (buf, dynamic) in enumerate(zip(buffers, is_dyn, strict=True)):
+        vd = g.val_dyn[pos]
+        if not dynamic:
+            if vd:
+                return None
+            continue
+        if len(vd) != 1:
+            return None  # the trace specialized this size: the program takes the real view
+        (j, s), = vd.items()
+        if s not in g.symbols or buf.shape[j] != b[s]:
+            return None  # padded per call (a buffer smaller than the bucket)
+        caps += [g.symbols.index(s), b[s]]
+    data += [len(caps) // 2, *caps]
+    rels = {sympy.Eq: 0, sympy.Ne: 1, sympy.Lt: 2, sympy.Le: 3, sympy.Gt: 4, sympy.Ge: 5}
+    guards: list[int] = []
+    for ex in entry.guard_exprs:
+        if ex is sympy.true:
+            continue
+        rel = rels.get(type(ex))
+        p = None if rel is None else _poly(ex.lhs - ex.rhs, groups)
+        if p is None:
+            return None
+        guards += [rel, *p]
+    data += [len(entry.guard_exprs) - sum(ex is sympy.true for ex in entry.guard_exprs), *guards]
+    limits: list[int] = []
+    for real, pieces in g.constraints:
+        p = _poly(real, groups)
+        caps_at_b = [sympy.sympify(sympy.sympify(x).xreplace(b)) for x in pieces]
+        if p is None or not all(c.is_Integer for c in caps_at_b):
+            return None
+        limits += [*p, max(int(c) for c in caps_at_b)]
+    data += [len(g.constraints), *limits]
+    outs: list[int] = [len(entry.out_plan)]
+    if len(prog.spec) != len(entry.out_plan):
+        return None
+    for (kind, v), (okind, d, _, hi), e in zip(prog.spec, entry.out_plan, entry.out_exprs, strict=True):
+        if kind == "out":
+            spec = [0, v]
+        elif kind == "input":
+            spec = [1, v]
+        elif v is None:
+            spec = [2, 0]
+        elif isinstance(v, int) and not isinstance(v, bool):
+            spec = [3, v]  # a constant int result (attention's max_q when it is static)
+        else:
+            return None
+        p = _poly(e, groups)
+        if p is None:
+            return None
+        outs += [*spec, {"int": 0, "dyn": 1, "plain": 2}[okind], d, *p, -1 if hi is None else hi]
+    data += outs
+    data.append(1 if entry.layout_op else 0)
+    gid = prog.gid if precision == prog.desc["precision"] else prog._program_for(precision)
+    return gid, precision, list(prog.consts), data
 
 
 def _mark_buffer(o: torch.Tensor, d: int, hi: int | None) -> None:
@@ -502,4 +656,6 @@ def _gather(t: torch.Tensor, padded: list[int]) -> torch.Tensor:
         prog = _GATHERS[key] = _Program(gm, [buf, example], encode(current()),
                                         f"eager.gather[{'x'.join(map(str, padded))}]")
     EAGER["gathers"] += 1
+    if FAST[0]:
+        torch.ops.torch_tpu._dynamic_gather_plan(t, prog.gid, list(prog.consts))
     return prog([buf, torch.tensor(t.storage_offset(), dtype=torch.int64)])[0]

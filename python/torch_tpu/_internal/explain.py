@@ -51,7 +51,8 @@ class Explanation:
                 lines.append(f"  {bk['graph']}: {bk['kind']}{why}")
         ed = self.eager_dynamic
         if ed and (ed.get("bucketed_calls") or ed.get("declined_calls")):
-            lines.append(f"eager dynamic (mark_dynamic): {ed['bucketed_calls']} bucketed calls (programs named "
+            lines.append(f"eager dynamic (mark_dynamic): {ed['bucketed_calls']} bucketed calls "
+                         f"({ed.get('fast_calls', 0)} from the C++ fast path; programs named "
                          f"eager.<op>[s<=bucket] above), {ed['gathers']} runtime-offset reads, "
                          f"{ed['declined_calls']} calls ran at their exact size:")
             for op, why in ed.get("declined", {}).items():
