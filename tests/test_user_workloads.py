@@ -282,3 +282,23 @@ def test_lgamma_runs_on_tpu(dtype: torch.dtype, no_fallback: None) -> None:
     torch.lgamma(xs).sum().backward()
     torch.lgamma(xd).sum().backward()
     torch.testing.assert_close(xd.grad.cpu(), xs.grad)
+
+
+@pytest.mark.parametrize("p", [0.0, 0.5, 1.0, 2.0, 3.0, float("inf")])
+def test_cdist_runs_on_tpu(p: float, no_fallback: None) -> None:
+    """torch.cdist's direct path (_cdist_forward/_cdist_backward, was a CPU fallback): broadcast
+    batch dims, zero distances and zero coordinate differences; values and both gradients vs CPU."""
+    g = torch.Generator().manual_seed(0)
+    x1, x2 = torch.randn(2, 1, 3, 4, generator=g), torch.randn(3, 5, 4, generator=g)
+    x2[1, 0] = x1[0, 0, 0]  # a zero distance
+    x2[2, 1, 0] = x1[1, 0, 1, 0]  # a zero coordinate difference
+    a, b = x1.clone().requires_grad_(), x2.clone().requires_grad_()
+    ref = torch.cdist(a, b, p=p)
+    grad = torch.randn(ref.shape, generator=g)
+    ref.backward(grad)
+    ad, bd = x1.to("tpu").requires_grad_(), x2.to("tpu").requires_grad_()
+    out = torch.cdist(ad, bd, p=p)
+    out.backward(grad.to("tpu"))
+    torch.testing.assert_close(out.detach().cpu(), ref.detach())
+    torch.testing.assert_close(ad.grad.cpu(), a.grad)
+    torch.testing.assert_close(bd.grad.cpu(), b.grad)
