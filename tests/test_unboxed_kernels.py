@@ -168,14 +168,18 @@ def test_errors_are_the_boxed_paths(fast_path: Callable[[bool], None]) -> None:
     assert messages[:3] == messages[3:]
 
 
-def test_mark_dynamic_storages_take_the_boxed_path() -> None:
-    x = torch.arange(5.0, device="tpu")
-    y = x * 2
-    y = x * 2  # a remembered signature
+def test_calls_reading_mark_dynamic_storages_take_the_boxed_path() -> None:
+    x, other = torch.arange(5.0, device="tpu"), torch.arange(3.0, device="tpu")
+    for _ in range(2):  # remembered signatures
+        y = x * 2
+        z = other * 2
     torch_tpu.mark_dynamic(x, 0, max=16)
     before = _stats()
     got = x * 2
     assert torch.equal(got.cpu(), torch.arange(5.0) * 2)
     delta = _delta(before)
     assert delta["served"] == 0 and delta["boxed"] >= 1, delta
-    assert torch.equal(y.cpu(), torch.arange(5.0) * 2)
+    before = _stats()
+    assert torch.equal((other * 2).cpu(), torch.arange(3.0) * 2)  # unmarked: still served
+    assert _delta(before)["served"] == 1
+    assert torch.equal(y.cpu(), torch.arange(5.0) * 2) and torch.equal(z.cpu(), torch.arange(3.0) * 2)

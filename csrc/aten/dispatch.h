@@ -17,7 +17,8 @@ void register_lowered_kernels();
 
 // The dispatch cache's fast path for a call of `op` with these arguments (boxed, or borrowing
 // the caller's tensors): the remembered call when one matched and was launched, its outputs in
-// `outs`; null on a miss (nothing done). Callers have ruled out mark_dynamic arguments.
+// `outs`; null on a miss (nothing done). Callers have ruled out mark_dynamic arguments
+// (eager_dynamic.h).
 std::shared_ptr<const CachedCall> serve_from_cache(const c10::OperatorHandle& op, const OpInfo& info,
                                                    c10::ArrayRef<c10::IValue> args, CallOutputs& outs);
 

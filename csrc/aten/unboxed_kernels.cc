@@ -70,6 +70,7 @@
 #include <vector>
 
 #include "dispatch.h"
+#include "eager_dynamic.h"
 
 namespace tpu::aten {
 
@@ -78,13 +79,17 @@ namespace {
 std::atomic<bool> enabled{true};
 std::atomic<int64_t> served{0}, boxed{0}, registered{0};
 
-// Whether any storage is marked dynamic (torch_tpu.mark_dynamic): then every call is boxed, so
-// eager_dynamic::maybe_handle sees it first, as on the boxed path. Asked through the op that
-// counts marked storages, straight at its kernel (no dispatch-key computation, no modes).
-bool dynamic_marks_exist() {
-  static const auto count =
-      c10::Dispatcher::singleton().findSchemaOrThrow("torch_tpu::_dynamic_count", "").typed<int64_t()>();
-  return count.redispatch(c10::DispatchKeySet(c10::DispatchKey::PrivateUse2)) != 0;
+// Whether the call reads a storage marked dynamic (torch_tpu.mark_dynamic): such calls are boxed,
+// so eager_dynamic::maybe_handle sees them first, as on the boxed path (one relaxed load per
+// tensor while nothing is marked).
+bool reads_marked_storage(c10::ArrayRef<c10::IValue> args) {
+  for (const c10::IValue& v : args) {
+    if (v.isTensor() && eager_dynamic::is_marked(v.toTensor())) return true;
+    if (v.isList())
+      for (const c10::IValue& e : v.toListRef())
+        if (e.isTensor() && eager_dynamic::is_marked(e.toTensor())) return true;
+  }
+  return false;
 }
 
 // An unboxed call's arguments as the IValues boxing would make (aten/dispatch.h reads only
@@ -139,11 +144,11 @@ struct TypedKernel<Op, R(A...)> {
 
   static R call(c10::DispatchKeySet ks, A... a) {
     static const c10::OperatorHandle op = c10::Dispatcher::singleton().findSchemaOrThrow(Op::name, Op::overload_name);
-    if (enabled.load(std::memory_order_relaxed) && !dynamic_marks_exist()) {
+    if (enabled.load(std::memory_order_relaxed)) {
       static const OpInfo& info = op_info(op);
       BorrowedArgs args(a...);
       CallOutputs outs;
-      if (serve_from_cache(op, info, args.values(), outs)) {
+      if (!reads_marked_storage(args.values()) && serve_from_cache(op, info, args.values(), outs)) {
         served.fetch_add(1, std::memory_order_relaxed);
         if constexpr (std::is_same_v<R, at::Tensor>) {
           return *std::move(outs[0]);  // fresh (owned): moved out

@@ -10,8 +10,8 @@
 // These kernels are no second implementation of any op: each views its arguments as IValues
 // that borrow the caller's tensors (no reference count change) and asks the same dispatch
 // cache the boxed kernel asks (aten/dispatch.h serve_from_cache: same signature, plan and
-// launch). Everything else — a cache miss, an uncacheable call, mark_dynamic storages — is
-// boxed as before and runs tpu_boxed_kernel.
+// launch). Everything else — a cache miss, an uncacheable call, a call reading a mark_dynamic
+// storage — is boxed as before and runs tpu_boxed_kernel.
 #pragma once
 #include <cstdint>
 #include <string>
