@@ -74,12 +74,6 @@ void unmark(const at::Tensor& t) {
 std::vector<int64_t> info_op(const at::Tensor& t) { return lookup(t).value_or(std::vector<int64_t>{}); }
 void mark_op(const at::Tensor& t, c10::IntArrayRef padded, int64_t dim, int64_t max) { mark(t, padded, dim, max); }
 void unmark_op(const at::Tensor& t) { unmark(t); }
-int64_t count_op() {
-  std::shared_lock<std::shared_mutex> lock(mu);
-  int64_t n = 0;
-  for (const auto& kv : registry) n += kv.second.storage.expired() ? 0 : 1;
-  return n;
-}
 
 bool is_dynamic(const c10::IValue& v) {
   if (v.isTensor()) return lookup(v.toTensor()).has_value();
@@ -626,16 +620,14 @@ void gather_plan_op(const at::Tensor& t, int64_t graph, at::TensorList consts) {
   gathers.insert_or_assign(std::move(k), Gather{graph, consts.vec()});
 }
 
-int64_t fast_calls_op(bool reset) {
-  return reset ? fast_calls.exchange(0, std::memory_order_relaxed) : fast_calls.load(std::memory_order_relaxed);
-}
 bool fast_enable_op(bool on) { return fast_enabled.exchange(on); }
 
-int64_t fast_gathers_op(bool reset) {
-  return reset ? fast_gathers.exchange(0, std::memory_order_relaxed) : fast_gathers.load(std::memory_order_relaxed);
-}
-int64_t fast_declines_op(bool reset) {
-  return reset ? fast_declines.exchange(0, std::memory_order_relaxed) : fast_declines.load(std::memory_order_relaxed);
+// The fast path's counters [calls, gathers, declines], zeroed after reading when `reset`.
+std::vector<int64_t> fast_stats_op(bool reset) {
+  std::vector<int64_t> out;
+  for (std::atomic<int64_t>* c : {&fast_calls, &fast_gathers, &fast_declines})
+    out.push_back(reset ? c->exchange(0, std::memory_order_relaxed) : c->load(std::memory_order_relaxed));
+  return out;
 }
 void clear_plans_op() {
   std::unique_lock<std::shared_mutex> lock(plans_mu);
@@ -744,15 +736,12 @@ TORCH_LIBRARY_FRAGMENT(torch_tpu, m) {
   m.def("_dynamic_mark(Tensor t, int[] padded, int dim, int max) -> ()");
   m.def("_dynamic_unmark(Tensor t) -> ()");
   m.def("_dynamic_info(Tensor t) -> int[]");
-  m.def("_dynamic_count() -> int");
   m.def("_dynamic_plan(int graph, int precision, Tensor[] consts, int[] data) -> ()");
-  m.def("_dynamic_fast_calls(bool reset=False) -> int");
+  m.def("_dynamic_fast_stats(bool reset=False) -> int[]");
   m.def("_dynamic_decline() -> ()");
   m.def("_dynamic_fast_enable(bool on) -> bool");
   m.def("_dynamic_passthrough() -> ()");
   m.def("_dynamic_gather_plan(Tensor t, int graph, Tensor[] consts) -> ()");
-  m.def("_dynamic_fast_gathers(bool reset=False) -> int");
-  m.def("_dynamic_fast_declines(bool reset=False) -> int");
   m.def("_dynamic_clear_plans() -> ()");
 }
 
@@ -760,18 +749,13 @@ TORCH_LIBRARY_IMPL(torch_tpu, CompositeExplicitAutograd, m) {
   m.impl("_dynamic_mark", &mark_op);
   m.impl("_dynamic_unmark", &unmark_op);
   m.impl("_dynamic_info", &info_op);
-  m.impl("_dynamic_count", &count_op);
   m.impl("_dynamic_plan", &plan_op);
-  m.impl("_dynamic_fast_calls", &fast_calls_op);
+  m.impl("_dynamic_fast_stats", &fast_stats_op);
   m.impl("_dynamic_decline", &decline_op);
   m.impl("_dynamic_fast_enable", &fast_enable_op);
   m.impl("_dynamic_passthrough", &passthrough_op);
   m.impl("_dynamic_gather_plan", &gather_plan_op);
-  m.impl("_dynamic_fast_gathers", &fast_gathers_op);
-  m.impl("_dynamic_fast_declines", &fast_declines_op);
   m.impl("_dynamic_clear_plans", &clear_plans_op);
 }
-
-
 
 }  // namespace tpu::aten::eager_dynamic

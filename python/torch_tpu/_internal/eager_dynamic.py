@@ -53,9 +53,7 @@ def stats() -> dict[str, Any]:
     """Copy of EAGER: bucketed calls (fast_calls of them served by the C++ fast path),
     runtime-offset gathers (fast_gathers in C++), declined calls (with the ones C++ sent to the
     normal path at once) and why per op."""
-    fast = int(torch.ops.torch_tpu._dynamic_fast_calls(False)) if _installed[0] else 0
-    gathers = int(torch.ops.torch_tpu._dynamic_fast_gathers(False)) if _installed[0] else 0
-    declines = int(torch.ops.torch_tpu._dynamic_fast_declines(False)) if _installed[0] else 0
+    fast, gathers, declines = torch.ops.torch_tpu._dynamic_fast_stats(False) if _installed[0] else (0, 0, 0)
     return {**EAGER, "bucketed_calls": EAGER["bucketed_calls"] + fast, "fast_calls": fast,
             "gathers": EAGER["gathers"] + gathers, "fast_gathers": gathers,
             "declined_calls": EAGER["declined_calls"] + declines, "declined": dict(EAGER["declined"])}
@@ -66,9 +64,7 @@ def reset_stats() -> None:
         EAGER[k] = 0
     EAGER["declined"].clear()
     if _installed[0]:
-        torch.ops.torch_tpu._dynamic_fast_calls(True)
-        torch.ops.torch_tpu._dynamic_fast_gathers(True)
-        torch.ops.torch_tpu._dynamic_fast_declines(True)
+        torch.ops.torch_tpu._dynamic_fast_stats(True)
 
 
 _DTYPES = {"Float": torch.float32, "Double": torch.float64, "Half": torch.float16, "BFloat16": torch.bfloat16,
