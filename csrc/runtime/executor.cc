@@ -231,10 +231,11 @@ constexpr size_t kMaxFusedOps = 512;
 // larger is handed to its thread pool, a hop of 10-80 us (the caller then waits for that thread),
 // far more than a second launch (~2 us). So a pending program of small ops is launched early,
 // before the op that would take it over the limit: each piece then runs inline. Only when the
-// piece has at least kMinPieceOps ops (a launch per few ops would be strict eager again), and only
-// while the pending program is still below the limit (one op over it alone runs on the pool
-// anyway). The estimate (an op's largest slot, 1 flop per element, as XLA counts elementwise ops
-// and reductions) keeps a margin under 1,000; a piece it underestimates just runs on the pool.
+// piece has at least kMinPieceOps ops (a launch per few ops would be strict eager again), only
+// while the pending program is still below the limit, and only before a small op (a program with
+// one op over the limit runs on the pool anyway, so splitting before it would only add a launch).
+// The estimate (an op's largest slot, 1 flop per element, as XLA counts elementwise ops and
+// reductions) keeps a margin under 1,000; a piece it underestimates just runs on the pool.
 constexpr int64_t kInlineFlopBudget = 900;
 constexpr size_t kMinPieceOps = 8;
 
@@ -386,7 +387,8 @@ void fused_record(const Call& call) {
   std::lock_guard<std::recursive_mutex> lock(p.mu);
   if (!p.ops.empty() && p.device != call.device) flush_locked(p);
   const int64_t flops = op_flops(plan);
-  if (p.ops.size() >= kMinPieceOps && split_small_programs() && p.flops < kInlineFlopBudget && p.flops + flops >= kInlineFlopBudget)
+  if (p.ops.size() >= kMinPieceOps && split_small_programs() && flops < kInlineFlopBudget &&
+      p.flops < kInlineFlopBudget && p.flops + flops >= kInlineFlopBudget)
     flush_locked(p);  // the pending piece still runs inline; this op starts the next one
   p.flops += flops;
   p.device = call.device;
