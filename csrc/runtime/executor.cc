@@ -239,10 +239,10 @@ constexpr size_t kMaxFusedOps = 512;
 constexpr int64_t kInlineFlopBudget = 900;
 constexpr size_t kMinPieceOps = 8;
 
-// TPU_FUSED_SPLIT=0 turns the early launch off (an A/B switch for benchmarks).
+// TORCH_TPU_FUSED_SPLIT=0 turns the early launch off (an A/B switch for benchmarks).
 bool split_small_programs() {
   static const bool on = [] {
-    const char* v = std::getenv("TPU_FUSED_SPLIT");
+    const char* v = std::getenv("TORCH_TPU_FUSED_SPLIT");
     return !(v && std::string(v) == "0");
   }();
   return on;
