@@ -28,6 +28,11 @@ from torch.testing._internal.common_methods_invocations import op_db
 from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 from torch_tpu._internal import compile as tpu_compile
 
+sys.path.insert(0, __file__.rsplit("/", 1)[0])
+from opinfo_no_stack_walk import install as _no_stack_walk  # noqa: E402
+
+_no_stack_walk()
+
 # OpInfo names whose ATen ops core-ATen decomposed before (native_layer_norm_backward,
 # gelu_backward, upsample_bilinear2d, nll_loss_forward, ...), now run by their own lowering.
 DEFAULT_OPS = [

@@ -76,7 +76,10 @@ import torch_tpu
 from torch.testing._internal.common_methods_invocations import op_db
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from opinfo_no_stack_walk import install as _no_stack_walk  # noqa: E402
 from opinfo_skips import GRAD_SKIPS, HARD_SKIPS, INPLACE_SKIPS, SKIPS  # noqa: E402
+
+_no_stack_walk()
 
 DEV = "tpu"
 FULL = os.environ.get("TORCH_TPU_CONFORMANCE", "").strip().lower() == "full"
