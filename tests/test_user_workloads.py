@@ -408,3 +408,12 @@ def test_cdist_runs_on_tpu(p: float, no_fallback: None) -> None:
     torch.testing.assert_close(out.detach().cpu(), ref.detach())
     torch.testing.assert_close(ad.grad.cpu(), a.grad)
     torch.testing.assert_close(bd.grad.cpu(), b.grad)
+
+
+def test_float_to_uint8_wraps_like_cpu() -> None:
+    """c10 casts floats to uint8 through int64 (-1.7 -> 255, 256.5 -> 0); XLA's convert saturates."""
+    x = torch.tensor([1.7, -1.7, 255.9, -0.5, 256.5, -129.0, 0.0])
+    for dtype in (torch.float32, torch.bfloat16, torch.float64):
+        xd = x.to(dtype)
+        assert xd.to("tpu").to(torch.uint8).cpu().tolist() == xd.to(torch.uint8).tolist()
+        assert (xd.to("tpu") * 1).to(torch.uint8).cpu().tolist() == (xd * 1).to(torch.uint8).tolist()
