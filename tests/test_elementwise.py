@@ -164,6 +164,25 @@ def test_unary_accuracy_wide_ranges():
     check(torch.acosh, rand((64,), torch.float32, 1, 1e5))
 
 
+# f32 tanh / expm1 / log1p are polynomial + exp/log forms (vector code on XLA:CPU): within a few
+# ulp of the float64 result over magnitudes 1e-30..80 (both branches and their seams), and -0 kept.
+@pytest.mark.parametrize("name,ulps", [("tanh", 2), ("expm1", 6), ("log1p", 3)])
+def test_f32_vector_forms_ulp(name, ulps):
+    fn = getattr(torch, name)
+    mags = torch.logspace(-30, math.log10(80), 20001, dtype=torch.float64).float()
+    x = torch.cat([mags, -mags, torch.linspace(-1, 1, 4001), torch.tensor([0.0, -0.0])])
+    if name == "log1p":
+        x = x[x > -1]
+    got = fn(x.to(DEV)).cpu()
+    ref = fn(x.double())
+    fin = torch.isfinite(ref.float()) & (ref.abs() > 1.2e-38)
+    ulp = (torch.nextafter(ref.float().abs(), torch.tensor(math.inf)) - ref.float().abs()).double()
+    err = ((got.double() - ref).abs() / ulp)[fin]
+    assert err.max().item() <= ulps, f"{name}: {err.max().item():.2f} ulp at x={x[fin][err.argmax()].item()}"
+    zero = torch.tensor([-0.0])
+    assert torch.signbit(fn(zero.to(DEV)).cpu()).item()
+
+
 # ------------------------------------------------------------------ unary ops keeping the dtype
 KEEP = {
     "abs": torch.abs, "neg": torch.neg, "sign": torch.sign, "sgn": torch.sgn, "floor": torch.floor,

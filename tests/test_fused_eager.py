@@ -91,3 +91,40 @@ def test_fused_many_ops_hit_the_size_limit() -> None:
         for _ in range(1200):
             x = x + 1
         assert torch.equal(x.cpu(), torch.full((4,), 1200.0))
+
+
+def _small_chain(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+    y = a.clone()
+    for i in range(40):  # ~160 small ops: more than XLA:CPU runs inline in one program
+        y = y * c + b
+        y[i % 4 :: 4].mul_(0.5)  # in-place through a view, across piece boundaries
+        a.add_(y[: a.numel()])
+    return y.sum() + a.sum()
+
+
+def test_fused_small_ops_launch_in_inline_pieces() -> None:
+    # A pending program of many small ops is launched in pieces small enough for XLA:CPU to run on
+    # the caller's thread; results, in-place writes and views stay exactly strict eager's.
+    a, b, c = torch.randn(16), torch.randn(16), torch.rand(16)
+    ref_a = a.clone()
+    ref = _small_chain(ref_a, b, c)
+    for rnd in range(2):
+        ta = a.to("tpu")
+        before = torch_tpu.dispatch_stats()["launches"]
+        misses = torch_tpu.cache_stats()["misses"]
+        with set_eager_mode(EagerMode.DEFER_AND_FUSE):
+            got = _small_chain(ta, b.to("tpu"), c.to("tpu")).item()
+        pieces = torch_tpu.dispatch_stats()["launches"] - before
+        assert pieces >= 3, pieces
+        assert abs(got - ref.item()) < 1e-4 * max(1.0, abs(ref.item()))
+        torch.testing.assert_close(ta.cpu(), ref_a, rtol=1e-5, atol=1e-5)
+        if rnd:  # the same op sequence splits the same way: no new program
+            assert torch_tpu.cache_stats()["misses"] == misses
+    # Large ops are not split: the block stays one program.
+    x = torch.randn(64, 64, device="tpu")
+    before = torch_tpu.dispatch_stats()["launches"]
+    with set_eager_mode(EagerMode.DEFER_AND_FUSE):
+        for _ in range(20):
+            x = x * 0.5 + 1.0
+        torch.tpu.synchronize()
+    assert torch_tpu.dispatch_stats()["launches"] - before == 1

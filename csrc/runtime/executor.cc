@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <optional>
 #include <unordered_map>
@@ -221,8 +222,37 @@ struct Pending {
   std::vector<TraceArg> args;                     // storage arguments, in first-read order
   std::vector<pjrt::BufferPtr> arg_bufs;          // program arguments (storages and host operands)
   std::vector<CheckSource> checks;                // checked ops: the program's last result is a status
+  int64_t flops = 0;                              // estimate: sum over ops of their largest slot
 };
 constexpr size_t kMaxFusedOps = 512;
+
+// XLA:CPU runs a program on the caller's thread only when its HLO cost analysis counts fewer than
+// 1,000 flops (PjRtCpuExecutable::cheap_computation_, not settable through the C API); anything
+// larger is handed to its thread pool, a hop of 10-80 us (the caller then waits for that thread),
+// far more than a second launch (~2 us). So a pending program of small ops is launched early,
+// before the op that would take it over the limit: each piece then runs inline. Only when the
+// piece has at least kMinPieceOps ops (a launch per few ops would be strict eager again), only
+// while the pending program is still below the limit, and only before a small op (a program with
+// one op over the limit runs on the pool anyway, so splitting before it would only add a launch).
+// The estimate (an op's largest slot, 1 flop per element, as XLA counts elementwise ops and
+// reductions) keeps a margin under 1,000; a piece it underestimates just runs on the pool.
+constexpr int64_t kInlineFlopBudget = 900;
+constexpr size_t kMinPieceOps = 8;
+
+// TPU_FUSED_SPLIT=0 turns the early launch off (an A/B switch for benchmarks).
+bool split_small_programs() {
+  static const bool on = [] {
+    const char* v = std::getenv("TPU_FUSED_SPLIT");
+    return !(v && std::string(v) == "0");
+  }();
+  return on;
+}
+
+int64_t op_flops(const Plan& plan) {
+  int64_t n = 0;
+  for (const Slot& s : plan.slots) n = std::max(n, s.numel);
+  return n;
+}
 
 Pending& pending() {
   static auto* p = std::make_unique<Pending>().release();
@@ -326,6 +356,7 @@ void flush_locked(Pending& p) {
   p.is_written.clear();
   p.args.clear();
   p.arg_bufs.clear();
+  p.flops = 0;
   p.device = -1;
   if (!program) return;
   std::vector<PJRT_Buffer*> raw;
@@ -355,6 +386,11 @@ void fused_record(const Call& call) {
   Pending& p = pending();
   std::lock_guard<std::recursive_mutex> lock(p.mu);
   if (!p.ops.empty() && p.device != call.device) flush_locked(p);
+  const int64_t flops = op_flops(plan);
+  if (p.ops.size() >= kMinPieceOps && split_small_programs() && flops < kInlineFlopBudget &&
+      p.flops < kInlineFlopBudget && p.flops + flops >= kInlineFlopBudget)
+    flush_locked(p);  // the pending piece still runs inline; this op starts the next one
+  p.flops += flops;
   p.device = call.device;
   if (p.key.empty()) p.key = "fused trace\n";  // never equal to an op's signature key
   RecordedOp op;
