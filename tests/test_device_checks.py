@@ -42,7 +42,16 @@ CASES: dict[str, tuple[Case, list, list]] = {
                      [0, 1, 2, 16]),
     "multinomial": (lambda x, i: torch.multinomial(i.to(x.dtype), 1) * 0, [0.5, 1.0], [0.5, -0.1]),
     "multinomial_sum": (lambda x, i: torch.multinomial(i.to(x.dtype), 1) * 0, [0.0, 1.0], [0.0, 0.0]),
+    # integer division by zero: RuntimeError("ZeroDivisionError") on the CPU; float division is unchecked
+    "floor_divide": (lambda x, i: _ints(i) // i, [2, -3], [2, 0]),
+    "remainder": (lambda x, i: _ints(i) % i, [2, -3], [0, 1]),
+    "div_trunc": (lambda x, i: _ints(i).div(i, rounding_mode="trunc"), [2, -3], [0, 0]),
+    "fmod": (lambda x, i: torch.fmod(_ints(i), i), [2, -3], [1, 0]),
 }
+
+
+def _ints(i: T) -> T:
+    return torch.tensor([7, -7], device=i.device)
 
 
 def _setitem(x: T, i: T) -> T:
@@ -161,3 +170,39 @@ def test_one_status_read_per_sync() -> None:
     assert s1["checked_launches"] - s0["checked_launches"] == 5
     assert s1["status_reads"] - s0["status_reads"] == 1
     torch.testing.assert_close(y.cpu(), _x("cpu").index_select(0, torch.tensor([2, 0])))
+
+
+def test_integer_value_errors_like_cpu() -> None:
+    """Python-scalar divisors and exponents: ZeroDivisionError and negative integer powers raise like
+    the CPU, also when `t ** -3` is a dispatch-cache hit after `t ** 3` (the scalar's value is no part
+    of the signature); float division by zero and a tensor exponent do not raise."""
+    x = torch.tensor([3, -4])
+    calls = [lambda t: t // 0, lambda t: t % 0, lambda t: t ** 3, lambda t: t ** -3, lambda t: t ** -1,
+             lambda t: t // 5, lambda t: t.float() / 0, lambda t: t ** torch.tensor([-1, 2], device=t.device)]
+    for call in calls:
+        try:
+            want = call(x)
+        except RuntimeError as e:
+            with pytest.raises(RuntimeError, match=str(e)):
+                call(x.to("tpu")).cpu()
+            continue
+        torch.testing.assert_close(call(x.to("tpu")).cpu(), want)
+    assert x.to("tpu").sum().item() == -1
+
+
+def test_float_division_is_not_device_checked() -> None:
+    """Only integer results carry the division checks: float //, %, fmod and ** launch unchecked."""
+    x = torch.tensor([3.0, -4.0], device="tpu")
+    with set_eager_mode(EagerMode.DEFER_NEVER):
+        torch.tpu.synchronize()
+        s0 = _C._device_check_stats()
+        for _ in range(2):
+            y = (x // 0.5) + (x % 0.7) + torch.fmod(x, x) + x ** 3 + x.div(x, rounding_mode="floor")
+        torch.tpu.synchronize()
+        s1 = _C._device_check_stats()
+        z = torch.tensor([3, -4], device="tpu") // torch.tensor([2, 2], device="tpu")
+        torch.tpu.synchronize()
+        s2 = _C._device_check_stats()
+    assert s1["checked_launches"] == s0["checked_launches"]
+    assert s2["checked_launches"] == s1["checked_launches"] + 1
+    assert y.isnan().sum().item() == 0 and z.tolist() == [1, -2]

@@ -2,6 +2,9 @@
 
 #include <c10/util/Exception.h>
 
+#include <chrono>
+#include <memory>
+
 #include "common.h"
 #include "plan_call.h"
 #include "runtime/context.h"
@@ -11,6 +14,13 @@ namespace tpu::aten {
 
 namespace {
 thread_local c10::DeviceIndex current_device = 0;
+
+// The state behind an event's void* handle (owned by the c10::Event: freed in destroyEvent).
+struct TpuEvent {
+  bool timing = false;
+  bool recorded = false;
+  std::chrono::steady_clock::time_point at;
+};
 }  // namespace
 
 c10::DeviceType TpuGuardImpl::type() const { return kTpu; }
@@ -79,7 +89,31 @@ void TpuGuardImpl::synchronizeDevice(const c10::DeviceIndex) const {
   runtime::Executor::get().synchronize();
 }
 
-void TpuGuardImpl::record(void**, const c10::Stream&, const c10::DeviceIndex, const c10::EventFlag) const {}
+void TpuGuardImpl::record(void** event, const c10::Stream&, const c10::DeviceIndex,
+                          const c10::EventFlag flag) const {
+  if (!*event) {
+    auto e = std::make_unique<TpuEvent>();
+    e->timing = flag == c10::EventFlag::BACKEND_DEFAULT;
+    *event = e.release();  // destroyEvent takes it back
+  }
+  auto* e = static_cast<TpuEvent*>(*event);
+  if (e->timing) {
+    fused_flush();
+    runtime::Executor::get().synchronize();
+  }
+  e->at = std::chrono::steady_clock::now();
+  e->recorded = true;
+}
+
+double TpuGuardImpl::elapsedTime(void* start, void* end, const c10::DeviceIndex) const {
+  auto* a = static_cast<TpuEvent*>(start);
+  auto* b = static_cast<TpuEvent*>(end);
+  TORCH_CHECK(a && b && a->recorded && b->recorded,
+              "Both events must be recorded before calculating elapsed time.");
+  TORCH_CHECK(a->timing && b->timing, "Both events must be created with argument 'enable_timing=True'.");
+  // CUDA's elapsed_time waits for the end event; a timing record already waited.
+  return std::chrono::duration<double, std::milli>(b->at - a->at).count();
+}
 
 void TpuGuardImpl::block(void*, const c10::Stream&) const {}
 
@@ -90,7 +124,9 @@ bool TpuGuardImpl::queryEvent(void*) const {
 
 void TpuGuardImpl::synchronizeEvent(void*) const { runtime::Executor::get().synchronize(); }
 
-void TpuGuardImpl::destroyEvent(void*, const c10::DeviceIndex) const noexcept {}
+void TpuGuardImpl::destroyEvent(void* event, const c10::DeviceIndex) const noexcept {
+  std::unique_ptr<TpuEvent> owned(static_cast<TpuEvent*>(event));
+}
 
 void TpuGuardImpl::recordDataPtrOnStream(const c10::DataPtr&, const c10::Stream&) const {}
 

@@ -21,8 +21,11 @@ struct TpuGuardImpl final : public c10::impl::DeviceGuardImplInterface {
   bool queryStream(const c10::Stream&) const override;
   void synchronizeStream(const c10::Stream&) const override;
   void synchronizeDevice(const c10::DeviceIndex) const override;
-  // Events: a recorded event is "everything launched so far"; record = no-op marker.
+  // Events: a recorded event is "everything launched so far". A timing event (torch.Event(
+  // enable_timing=True), EventFlag::BACKEND_DEFAULT as CUDA's) waits for that work at record and
+  // keeps the host time: one in-order stream, so the difference is the device time in between.
   void record(void**, const c10::Stream&, const c10::DeviceIndex, const c10::EventFlag) const override;
+  double elapsedTime(void* start, void* end, const c10::DeviceIndex) const override;
   void block(void*, const c10::Stream&) const override;
   bool queryEvent(void*) const override;
   void synchronizeEvent(void*) const override;

@@ -106,6 +106,12 @@ at::Tensor& set_empty(at::Tensor& self) {
 }
 
 at::Tensor& copy_(at::Tensor& self, const at::Tensor& src, bool) {
+  // CPU's copy_: nothing to do for the same data, else TensorIterator's overlap checks.
+  if (self.is_same(src) || (self.is_alias_of(src) && self.storage_offset() == src.storage_offset() &&
+                            self.strides() == src.strides() && self.sizes() == src.sizes() &&
+                            self.scalar_type() == src.scalar_type()))
+    return self;
+  check_write_overlap(self, &src, 1);
   copy_into(self, src);
   return self;
 }
@@ -154,6 +160,9 @@ int64_t fused_sdp_choice(const at::Tensor& q, const at::Tensor& k, const at::Ten
   c10::SymInt hq = size(q, -3), hk = size(k, -3), L = size(q, -2), S = size(k, -2);
   if (size(v, -3) != hk || size(v, -2) != S || size(k, -1) != size(q, -1)) return math;
   if (L == 0 || S == 0 || size(q, -1) == 0 || size(v, -1) == 0 || hk == 0) return math;
+  // PyTorch's meta of the fused op lays out a 3-d output of another last dim as 4-d (IndexError
+  // in alloc_with_matching_layout): those calls decompose instead.
+  if (r == 3 && size(v, -1) != size(q, -1)) return math;
   if (hq != hk && !(enable_gqa && hq % hk == 0)) return math;
   if (!(dropout_p >= 0 && dropout_p < 1)) return math;
   if (mask.has_value() && mask->defined()) {

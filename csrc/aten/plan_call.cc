@@ -12,6 +12,7 @@
 #include <sstream>
 #include <unordered_map>
 
+#include <ATen/MemoryOverlap.h>
 #include <ATen/ops/empty.h>
 
 #include "common.h"
@@ -216,6 +217,41 @@ bool flattenable(const lowering::OpEntry& entry, const std::vector<NamedArg>& ar
   return flatten;
 }
 
+// TensorIterator's memory-overlap rule, for the lowered ops whose CPU kernel is a TensorIterator
+// that checks (pointwise ops; fill_/zero_/threshold_ configure theirs not to; copy_ checks in its
+// kernel, aten/ops_runtime.cc). Runs on the planning path only: a call that raises is never
+// remembered by the dispatch cache, and the cache's signature (strides, offsets, shared
+// storages) fixes the overlap, so cache hits (typed kernels included) need no check.
+bool checks_memory_overlap(const lowering::OpEntry& entry, const std::string& name) {
+  return entry.elementwise && name != "fill" && name != "zero" && name != "threshold" && name != "copy";
+}
+
+// Pointwise ops declared .checked (integer division by zero, integer ** negative Python int) have
+// value checks for integer results only: a float call plans with an unchecked copy of the entry,
+// so it pays no device status. Planning path only (the cache remembers the plan).
+const lowering::OpEntry& entry_for_call(const lowering::OpEntry& e, c10::ScalarType common) {
+  if (!(e.checked && e.elementwise) || c10::isIntegralType(common, /*includeBool=*/false)) return e;
+  static std::mutex mu;
+  static std::unordered_map<const lowering::OpEntry*, std::unique_ptr<lowering::OpEntry>> copies;
+  std::lock_guard<std::mutex> lock(mu);
+  auto& copy = copies[&e];
+  if (!copy) {
+    copy = std::make_unique<lowering::OpEntry>(e);
+    copy->checked = false;
+  }
+  return *copy;
+}
+
+void check_call_overlap(const std::vector<NamedArg>& args, const std::vector<at::Tensor>& outs) {
+  std::vector<at::Tensor> inputs;
+  for (const auto& a : args) {
+    if (a.value.isTensor()) inputs.push_back(a.value.toTensor());
+    else if (a.value.isTensorList())
+      for (const at::Tensor& t : a.value.toTensorList()) inputs.push_back(t);
+  }
+  for (const at::Tensor& o : outs) check_write_overlap(o, inputs.data(), inputs.size());
+}
+
 // Philox counters the call consumes (lowering::rng_counters: 0 when it draws nothing). The
 // element count is the larger of its outputs and tensor inputs (multinomial draws one number
 // per category).
@@ -414,6 +450,16 @@ void plan_outputs(Planner& pl, Plan& plan, const std::vector<at::Tensor>& outs, 
 
 }  // namespace
 
+void check_write_overlap(const at::Tensor& written, const at::Tensor* inputs, size_t n) {
+  if (!written.defined()) return;
+  if (!written.is_non_overlapping_and_dense()) at::assert_no_internal_overlap(written);
+  for (size_t i = 0; i < n; ++i) {
+    const at::Tensor& in = inputs[i];
+    if (in.defined() && !in.is_same(written) && in.is_alias_of(written))
+      at::assert_no_partial_overlap(written, in);
+  }
+}
+
 void materialize(const at::Tensor& t) {
   fused_flush();
   StorageState& st = state_of(t);
@@ -424,10 +470,11 @@ void materialize(const at::Tensor& t) {
 void run_lowering(const std::string& name, const std::string& overload,
                   const lowering::OpEntry& entry, const std::vector<NamedArg>& args,
                   const std::vector<at::Tensor>& outs, c10::ScalarType common, PlannedCall* record) {
+  if (checks_memory_overlap(entry, name)) check_call_overlap(args, outs);
   const bool flatten = flattenable(entry, args, outs);
   auto plan_ptr = std::make_shared<Plan>();
   Plan& plan = *plan_ptr;
-  plan.entry = &entry;
+  plan.entry = &entry_for_call(entry, common);
   plan.name = name;
   plan.overload = overload;
   plan.what = "aten::" + name + (overload.empty() ? "" : "." + overload);

@@ -67,6 +67,10 @@ std::optional<int64_t> small_int_scalar(const c10::Scalar& sc);
 runtime::HostOperand host_operand(const c10::Scalar& sc);
 runtime::HostOperand host_operand(const at::Tensor& t);
 
+// ATen's TensorIterator overlap checks for a written tensor (as the CPU kernels run them):
+// raises when `written` has elements sharing memory, or partially overlaps one of `inputs`.
+void check_write_overlap(const at::Tensor& written, const at::Tensor* inputs, size_t n);
+
 // Makes sure the storage has a device buffer (zeros when never written) and returns it.
 void materialize(const at::Tensor& t);
 

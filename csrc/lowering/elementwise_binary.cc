@@ -124,7 +124,13 @@ TPU_LOWER_ELEMENTWISE(mul) {
   Value x = input_as(b, c, "self", t), y = input_as(b, c, "other", t);
   return {t == ElemType::Pred ? b.and_(x, y) : b.mul(x, y)};
 }
-TPU_LOWER_ELEMENTWISE(div) {
+// The CPU kernels' value checks of integer division ("ZeroDivisionError", a RuntimeError). Pointwise
+// checked ops are device-checked only for integer result types (aten/plan_call.cc: entry_for_call).
+void check_divisor(Builder& b, Value d) {
+  if (b.checking() && is_integral(d.elem())) check(b, eq(b, d, zero(b, d)), CheckKind::Runtime, "ZeroDivisionError");
+}
+
+TPU_LOWER_WITH(div, .elementwise = true, .checked = true) {
   std::string mode = c.str("rounding_mode", "");
   if (mode.empty()) {
     ElemType t = float_type(c);
@@ -133,29 +139,40 @@ TPU_LOWER_ELEMENTWISE(div) {
   ElemType t = arith(c);
   if (t == ElemType::Pred) throw Unsupported("div with rounding_mode on bool");
   Value x = input_as(b, c, "self", t), y = input_as(b, c, "other", t);
+  check_divisor(b, y);
   if (mode == "floor") return {floor_div(b, x, y)};
   if (mode != "trunc") throw Unsupported("div: rounding_mode=" + mode);
   return {is_float(t) ? ew::trunc(b, b.div(x, y)) : b.div(x, y)};
 }
-TPU_LOWER_ELEMENTWISE(floor_divide) {
+TPU_LOWER_WITH(floor_divide, .elementwise = true, .checked = true) {
   ElemType t = arith(c);
   if (t == ElemType::Pred) throw Unsupported("floor_divide on bool");
-  return {floor_div(b, input_as(b, c, "self", t), input_as(b, c, "other", t))};
+  Value y = input_as(b, c, "other", t);
+  check_divisor(b, y);
+  return {floor_div(b, input_as(b, c, "self", t), y)};
 }
-TPU_LOWER_ELEMENTWISE(remainder) {
+TPU_LOWER_WITH(remainder, .elementwise = true, .checked = true) {
   ElemType t = arith(c);
   if (t == ElemType::Pred) throw Unsupported("remainder on bool");
-  return {py_rem(b, input_as(b, c, "self", t), input_as(b, c, "other", t))};
+  Value y = input_as(b, c, "other", t);
+  check_divisor(b, y);
+  return {py_rem(b, input_as(b, c, "self", t), y)};
 }
-TPU_LOWER_ELEMENTWISE(fmod) {
+TPU_LOWER_WITH(fmod, .elementwise = true, .checked = true) {
   ElemType t = arith(c);
   if (t == ElemType::Pred) throw Unsupported("fmod on bool");
-  return {b.rem(input_as(b, c, "self", t), input_as(b, c, "other", t))};
+  Value y = input_as(b, c, "other", t);
+  check_divisor(b, y);
+  return {b.rem(input_as(b, c, "self", t), y)};
 }
-TPU_LOWER_ELEMENTWISE(pow) {
+TPU_LOWER_WITH(pow, .elementwise = true, .checked = true) {
   ElemType t = arith(c);
   if (t == ElemType::Pred) throw Unsupported("pow on bool");
   Value x = input_as(b, c, "self", t), y = input_as(b, c, "exponent", t);
+  // pow(int tensor, Python int < 0) raises in PyTorch's meta function; a dispatch-cache hit (the
+  // scalar's value is no part of the signature) skips that, so the value is checked here too.
+  if (b.checking() && !is_float(t) && c.overload == "Tensor_Scalar")
+    check(b, b.compare(Cmp::LT, y, zero(b, y)), CheckKind::Runtime, "Integers to negative integer powers are not allowed.");
   return {is_float(t) ? b.pow(x, y) : int_pow(b, x, y)};
 }
 TPU_LOWER_ELEMENTWISE(atan2) {
@@ -424,7 +441,20 @@ TPU_LOWER_ELEMENTWISE(native_dropout_backward) {
   return {b.mul(b.mul(g, m), b.constant_f(c.double_("scale"), t, o.shape))};
 }
 
-// glu(x) = a * sigmoid(b) with (a, b) the halves of x along dim; as ATen's CPU kernel:
+// glu(x) = a * sigmoid(b) with (a, b) the halves of x along dim (nn.GLU; was a CPU fallback).
+TPU_LOWER(glu) {
+  const Type& o = out_type(c);
+  ElemType t = opmath(o.elem);
+  Value x = b.convert(c.tensor("self"), t);
+  if (o.numel() == 0) return {b.zeros(o)};
+  int64_t d = norm_dim(c.int_("dim"), x.rank());
+  Shape st(x.rank(), 0), mid = x.shape(), st2(x.rank(), 0);
+  mid[d] = x.shape()[d] / 2;
+  st2[d] = mid[d];
+  return {b.mul(b.slice(x, st, mid), ew::sigmoid(b, b.slice(x, st2, x.shape())))};
+}
+
+// As ATen's CPU kernel:
 // grad_a = sigmoid(b) * g, grad_b = (1 - sigmoid(b)) * sigmoid(b) * a * g.
 TPU_LOWER(glu_backward) {
   const Type& o = out_type(c);

@@ -594,4 +594,24 @@ TPU_LOWER_CHECKED(embedding) {
   return {b.reshape(take_rows(b, weight, indices, {false, CheckKind::Index, "index out of range in self"}), o.shape)};
 }
 
+// repeat_interleave.Tensor given output_size (no host read, as CUDA): out[i] = #{j : cumsum(
+// repeats)[j] <= i}, a histogram of the clipped cumsum, prefix-summed. Without output_size the
+// size is the values' sum: aten/cpu_fallback.cc reads it on the host (one counted sync, as CUDA
+// syncs), and the CPU kernel's checks (negative repeats) apply.
+TPU_LOWER(repeat_interleave) {
+  if (!c.has("repeats") || !c.has("output_size"))
+    throw Unsupported("repeat_interleave: the output size depends on the values");
+  const Type& o = c.outs.at(0);
+  const int64_t total = o.numel();
+  Value r = c.tensor("repeats");
+  const int64_t n = r.type.numel();
+  if (total == 0 || n == 0) return {b.zeros(o)};
+  Value cs = prefix_sum_1d(b, b.convert(b.reshape(r, {n}), I64));
+  cs = b.clamp(b.constant_i(0, I64, {n}), cs, b.constant_i(total, I64, {n}));
+  Value hist = b.scatter(b.zeros(Type{I64, {total + 1}}), b.reshape(cs, {n, 1}), b.constant_i(1, I64, {n}), {},
+                         {0}, {0}, 1, "add");
+  Value out = prefix_sum_1d(b, b.slice(hist, {0}, {total}));
+  return {b.reshape(b.convert(out, o.elem), o.shape)};
+}
+
 }  // namespace tpu::lowering

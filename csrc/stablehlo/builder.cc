@@ -351,6 +351,8 @@ Value Builder::convert(Value x, ElemType to) {
   if (x.elem() == to) return x;
   if (to == ElemType::Pred) return compare(Cmp::NE, x, zeros(x.type));
   if (is_f8(to)) return convert_to_f8(x, to);
+  // c10 casts floats to uint8 through int64 (wrapping: -1.7 -> 255); XLA's direct convert saturates.
+  if (to == ElemType::U8 && is_float(x.elem())) x = op("convert", {x}, Type{ElemType::S64, x.shape()});
   return op("convert", {x}, Type{to, x.shape()});
 }
 
