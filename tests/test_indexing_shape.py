@@ -317,6 +317,20 @@ def test_pads():
     check(F.pad, x3[0], (0, 3), mode="replicate")
 
 
+@pytest.mark.parametrize("pad", [(-6, 5, 0, 0), (0, 0, 2, -5), (7, -6, -5, 3), (-2, -1, 4, 6)])
+def test_replicate_pad_cropping_a_whole_side(no_fallback, pad):
+    # A side that crops the whole dim leaves one edge element repeated (PyTorch's clamp rule);
+    # was a CPU fallback. Forward and gradient vs CPU, no fallback.
+    x = torch.randn(2, 3, 5, 6, generator=G, requires_grad=True)
+    xt = x.detach().to("tpu").requires_grad_(True)
+    out, out_t = torch.nn.functional.pad(x, pad, mode="replicate"), torch.nn.functional.pad(xt, pad, mode="replicate")
+    w = torch.randn(out.shape, generator=G)
+    (out * w).sum().backward()
+    (out_t * w.to("tpu")).sum().backward()
+    torch.testing.assert_close(out_t.cpu(), out, rtol=0, atol=0)
+    torch.testing.assert_close(xt.grad.cpu(), x.grad, rtol=1e-5, atol=1e-5)
+
+
 # ------------------------------------------------------------------ sort / topk
 def test_sort():
     xn = torch.tensor([[3.0, float("nan"), 1.0, 3.0, -0.0, 0.0, float("inf"), 1.0]])

@@ -77,7 +77,18 @@ Value edge_pad(Builder& b, Value x, const std::vector<int64_t>& pad, bool reflec
       // Replication with a negative side crops that side first (out[j] = x[clamp(j - lo, 0, n-1)]).
       if (reflect) throw Unsupported("reflection pad: negative padding");
       int64_t keep = x.shape()[d] + std::min<int64_t>(lo[d], 0) + std::min<int64_t>(hi[d], 0);
-      if (keep <= 0) throw Unsupported("replication pad: negative padding crops everything");
+      if (keep <= 0) {
+        // One side crops the whole dim: every out[j] = x[clamp(j - lo, 0, n-1)] is the same edge
+        // element (the last when the left side crops, else the first), repeated n + lo + hi times.
+        int64_t out = x.shape()[d] + lo[d] + hi[d];
+        if (out <= 0) throw Unsupported("replication pad: output size is not positive");
+        Shape st(x.rank(), 0), li = x.shape(), s = x.shape();
+        st[d] = lo[d] < 0 ? x.shape()[d] - 1 : 0;
+        li[d] = st[d] + 1;
+        s[d] = out;
+        x = b.broadcast_to(b.slice(x, st, li), s);
+        continue;
+      }
       Shape st(x.rank(), 0), li = x.shape();
       st[d] = -std::min<int64_t>(lo[d], 0);
       li[d] = st[d] + keep;
@@ -309,7 +320,17 @@ Value edge_pad_backward(Builder& b, Value g, const Shape& in_shape, const std::v
     lo[d] = std::max<int64_t>(lo[d], 0);
     hi[d] = std::max<int64_t>(hi[d], 0);
     int64_t n = in_shape[d] - crop_lo - crop_hi;
-    if (n <= 0 && (crop_lo || crop_hi)) throw Unsupported("replication pad backward: crops everything");
+    if (n <= 0 && (crop_lo || crop_hi)) {
+      // The forward repeated one edge element (see edge_pad): its gradient is the sum over the dim.
+      if (g.shape()[d] <= 0) throw Unsupported("replication pad backward: output size is not positive");
+      const int64_t at = crop_lo ? in_shape[d] - 1 : 0;
+      Shape l(r, 0), h(r, 0), ks = g.shape();
+      l[d] = at;
+      h[d] = in_shape[d] - 1 - at;
+      ks[d] = 1;
+      g = b.pad(b.reshape(b.reduce(g, zero, {d}, "add"), ks), zero, l, h);
+      continue;
+    }
     if (n == 0) throw Unsupported("reflection/replication pad backward: empty dim");
     if (reflect && (lo[d] >= n || hi[d] >= n)) throw Unsupported("reflection pad backward: pad >= size");
     auto part = [&](int64_t s, int64_t e) {
