@@ -47,12 +47,6 @@ std::string short_reason(const std::string& why) {
 void cpu_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack, const std::string& why) {
   const auto& on = op.schema().operator_name();
   std::string name = on.name + (on.overload_name.empty() ? "" : "." + on.overload_name);
-  if (name == "aten::repeat_interleave.Tensor") {
-    // Without output_size the output size is the values' sum: CUDA reads it back too. The CPU
-    // kernel's input copy is that one host read (counted as a sync, not as a fallback).
-    at::native::cpu_fallback(op, stack, false);
-    return;
-  }
   const std::string reason = short_reason(why);
   if (fallback_is_error()) {
     // A failed meta function is almost always the caller's mistake (mismatched shapes): say that,

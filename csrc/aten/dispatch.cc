@@ -143,11 +143,11 @@ void tpu_boxed_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet, torch:
   if (eager_dynamic::maybe_handle(op, stack)) return;  // reads a mark_dynamic storage (eager_dynamic.cc)
   const OpInfo& info = op_info(op);
   std::string why = "no lowering";
-  if (info.host_sync) {
-    // One host sync: the CPU fallback's input copy is the read, and the copy path counts it.
-    at::native::cpu_fallback(op, stack, false);
-    return;
-  }
+  // Data-dependent output size (TPU_HOST_SYNC): one host sync, the CPU fallback's input copy is
+  // the read and the copy path counts it. An op that also has a lowering takes this path only for
+  // the calls the lowering refuses (repeat_interleave without output_size).
+  auto host_sync = [&] { at::native::cpu_fallback(op, stack, false); };
+  if (info.host_sync && !info.entry) return host_sync();
   if (const lowering::OpEntry* entry = info.entry) {
     const size_t n = op.schema().arguments().size();
     CallOutputs outs;
@@ -165,6 +165,7 @@ void tpu_boxed_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet, torch:
     } catch (const lowering::Unsupported& e) {
       why = std::string("lowering refused: ") + e.what();
     }
+    if (info.host_sync) return host_sync();
     if (foreach && op.hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutograd)) {
       // PyTorch's per-tensor loop: every backend without its own kernel (PrivateUse2 here) holds it.
       op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::PrivateUse2), stack);

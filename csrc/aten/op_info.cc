@@ -87,7 +87,7 @@ const OpInfo& op_info(const c10::OperatorHandle& op) {
   for (const c10::Argument& r : rets)
     plain_returns &= (r.type()->kind() == c10::TypeKind::TensorType && (!r.alias_info() || r.alias_info()->isWrite())) ||
                      is_int_return(r);
-  info->cacheable = info->entry && !info->host_sync && (plain_returns || info->list_result);
+  info->cacheable = info->entry && (plain_returns || info->list_result);
   std::unique_lock<std::shared_mutex> lock(mu);
   auto& slot = (*infos)[&schema];
   slot = std::move(info);

@@ -596,8 +596,9 @@ TPU_LOWER_CHECKED(embedding) {
 
 // repeat_interleave.Tensor given output_size (no host read, as CUDA): out[i] = #{j : cumsum(
 // repeats)[j] <= i}, a histogram of the clipped cumsum, prefix-summed. Without output_size the
-// size is the values' sum: aten/cpu_fallback.cc reads it on the host (one counted sync, as CUDA
-// syncs), and the CPU kernel's checks (negative repeats) apply.
+// size is the values' sum: the lowering refuses and the call takes the host-sync path (one counted
+// read, as CUDA syncs; the CPU kernel's checks, negative repeats, apply).
+TPU_HOST_SYNC(repeat_interleave);
 TPU_LOWER(repeat_interleave) {
   if (!c.has("repeats") || !c.has("output_size"))
     throw Unsupported("repeat_interleave: the output size depends on the values");
