@@ -566,11 +566,11 @@ TPU_LOWER(eye) {
   return {b.select(eq, b.constant_i(1, o.elem, o.shape), b.zeros(o))};
 }
 
-TPU_LOWER_ELEMENTWISE(fill) {
+TPU_LOWER_WITH(fill, .elementwise = true, .writes_may_overlap = true) {
   const Type& o = out_type(c);
   return {operand(b, c.arg("value"), o.elem, o.shape)};
 }
 
-TPU_LOWER_ELEMENTWISE(zero) { return {b.zeros(out_type(c))}; }
+TPU_LOWER_WITH(zero, .elementwise = true, .writes_may_overlap = true) { return {b.zeros(out_type(c))}; }
 
 }  // namespace tpu::lowering
