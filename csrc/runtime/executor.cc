@@ -149,7 +149,7 @@ void run_strict(const Call& call, ProgramPtr* program, const MissReason& miss_re
   const Plan& plan = *call.plan;
   for (size_t i = 0; i < plan.slots.size(); ++i)
     if (plan.slots[i].read && !call.st[i]->buffer) ensure_buffer(*call.st[i], plan.slots[i].elem, plan.slots[i].numel);
-  bool checked = plan.entry->checked && device_checks();  // one more result: the error status
+  bool checked = plan.checked && device_checks();  // one more result: the error status
   if (!*program) {
     auto& cache = CompileCache::get();
     const std::string checked_key = checked ? plan.key + "#checked" : std::string();
@@ -432,7 +432,7 @@ void fused_record(const Call& call) {
       p.written.push_back(id);
     }
   }
-  if (plan.entry->checked && device_checks()) {  // part of the trace key: one more result
+  if (plan.checked && device_checks()) {  // part of the trace key: one more result
     p.key += 'C';
     p.checks.push_back({0, plan.what, capture_site()});
   }
