@@ -169,3 +169,25 @@ def test_item_reads_a_one_element_storage_like_cpu() -> None:
             x = torch.full((1,), 3.5, device="tpu")
             x.add_(1)
             assert x.item() == 4.5
+
+
+def test_factories_whose_scalars_decide_the_shape() -> None:
+    # arange's metadata is cached with its scalar values and the default dtype (its meta function
+    # is Python, ~60 us a call); arange(out=) is never served by the dispatch cache, whose
+    # signature leaves scalar values out.
+    for mode in (EagerMode.DEFER_NEVER, EagerMode.DEFER_AND_FUSE):
+        with set_eager_mode(mode):
+            for n in (5, 7, 5, 9):
+                torch.testing.assert_close(torch.arange(n, device="tpu").cpu(), torch.arange(n))
+                torch.testing.assert_close(torch.arange(0.5, n, 1.5, device="tpu").cpu(), torch.arange(0.5, n, 1.5))
+                out = torch.empty(0, dtype=torch.int64, device="tpu")
+                assert torch.arange(2, n, out=out) is out
+                torch.testing.assert_close(out.cpu(), torch.arange(2, n))
+            default = torch.get_default_dtype()
+            try:
+                for dt in (torch.float64, torch.float32):
+                    torch.set_default_dtype(dt)
+                    assert torch.arange(0.5, 3.0, device="tpu").dtype == dt
+                    assert torch.full((2,), 1.5, device="tpu").dtype == dt
+            finally:
+                torch.set_default_dtype(default)
