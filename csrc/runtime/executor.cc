@@ -149,7 +149,7 @@ void run_strict(const Call& call, ProgramPtr* program, const MissReason& miss_re
   const Plan& plan = *call.plan;
   for (size_t i = 0; i < plan.slots.size(); ++i)
     if (plan.slots[i].read && !call.st[i]->buffer) ensure_buffer(*call.st[i], plan.slots[i].elem, plan.slots[i].numel);
-  bool checked = plan.entry->checked && device_checks();  // one more result: the error status
+  bool checked = plan.checked && device_checks();  // one more result: the error status
   if (!*program) {
     auto& cache = CompileCache::get();
     const std::string checked_key = checked ? plan.key + "#checked" : std::string();
@@ -401,7 +401,7 @@ uint64_t slot_word(int id, char tag, shlo::ElemType elem = shlo::ElemType::U8) {
 
 void fused_record(const Call& call) {
   const Plan& plan = *call.plan;
-  const bool checked = plan.entry->checked && device_checks();
+  const bool checked = plan.checked && device_checks();
   LaunchSite site;
   if (checked) site = capture_site();  // before the lock: it may wait for the GIL
   const int64_t flops = op_flops(plan);
