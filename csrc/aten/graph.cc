@@ -110,8 +110,16 @@ Arg lowering_arg(Builder& b, const GraphArg& arg, const std::unordered_map<int64
       }
       break;
     case ArgKind::NumberValue: a.kind = Arg::Kind::Scalar; a.scalar = vals.at(arg.value_ids[0]); break;
-    case ArgKind::FloatScalar: a.kind = Arg::Kind::Scalar; a.scalar = b.constant_f(arg.double_value, ElemType::F64); break;
-    case ArgKind::IntScalar: a.kind = Arg::Kind::Scalar; a.scalar = b.constant_i(arg.int_value, ElemType::S64); break;
+    case ArgKind::FloatScalar:
+      a.kind = Arg::Kind::Scalar;
+      a.scalar = b.constant_f(arg.double_value, ElemType::F64);
+      a.scalar_value = arg.double_value;
+      break;
+    case ArgKind::IntScalar:
+      a.kind = Arg::Kind::Scalar;
+      a.scalar = b.constant_i(arg.int_value, ElemType::S64);
+      a.scalar_value = static_cast<double>(arg.int_value);
+      break;
     case ArgKind::BoolScalar: a.kind = Arg::Kind::Scalar; a.scalar = b.constant_i(arg.int_value, ElemType::Pred); break;
     case ArgKind::Int: a.kind = Arg::Kind::Int; a.i = arg.int_value; break;
     case ArgKind::IntList: a.kind = Arg::Kind::IntList; a.ints = arg.ints; break;

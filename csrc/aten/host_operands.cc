@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <iterator>
 #include <mutex>
 #include <tuple>
 
@@ -34,22 +35,33 @@ runtime::HostOperand draw_rng_state(const std::optional<at::Generator>& g, int d
   return h;
 }
 
-// -1..3: the values whose programs XLA simplifies. pow(x, 3.0) (GELU-tanh's cube in GPT-2 and
-// its kin) with 3 as an operand is XLA:CPU's scalar pow per element, ~13x ATen's x*x*x; with 3 a
-// constant XLA emits x*x*x, which also equals CPU bitwise. (-2 is not simplified by XLA: no gain.)
-std::optional<int64_t> small_int_scalar(const c10::Scalar& sc) {
+// The scalar values baked into programs as constants (ArgPlan::scalar_const), each a word of the
+// dispatch-cache key. -1..3: the values whose programs XLA simplifies. pow(x, 3.0) (GELU-tanh's
+// cube in GPT-2 and its kin) with 3 as an operand is XLA:CPU's scalar pow per element, ~13x ATen's
+// x*x*x; with 3 a constant XLA emits x*x*x, which also equals CPU bitwise. -2, 0.5, -0.5: ATen's
+// pow special cases (1/(x*x), sqrt, rsqrt), which the pow lowering emits when it sees the constant.
+namespace {
+constexpr double kConstScalars[] = {-2.0, -1.0, -0.5, 0.0, 0.5, 1.0, 2.0, 3.0};
+}
+
+std::optional<int> const_scalar_index(const c10::Scalar& sc) {
+  double d;
   if (sc.isFloatingPoint()) {
-    double d = sc.toDouble();
-    if (d == -1.0 || d == 0.0 || d == 1.0 || d == 2.0 || d == 3.0) {
-      if (d == 0.0 && std::signbit(d)) return std::nullopt;  // -0.0 stays an operand
-      return static_cast<int64_t>(d);
-    }
+    d = sc.toDouble();
+    if (d == 0.0 && std::signbit(d)) return std::nullopt;  // -0.0 stays an operand
   } else if (sc.isIntegral(false)) {
     int64_t i = sc.toLong();
-    if (i >= -1 && i <= 3) return i;
+    if (i < -2 || i > 3) return std::nullopt;
+    d = static_cast<double>(i);
+  } else {
+    return std::nullopt;
   }
+  for (int k = 0; k < static_cast<int>(std::size(kConstScalars)); ++k)
+    if (kConstScalars[k] == d) return k;
   return std::nullopt;
 }
+
+double const_scalar_value(int index) { return kConstScalars[index]; }
 
 runtime::HostOperand host_operand(const c10::Scalar& sc) {
   HostOperand h{};

@@ -349,11 +349,12 @@ void plan_tensor_list(Planner& pl, Plan& plan, ArgPlan& ap, const c10::IValue& v
   plan.key += "];";
 }
 
-// A Python scalar: a constant in the key when small and integral, else a host operand.
+// A Python scalar: a constant in the key when in const_scalar_index's table, else a host operand.
 void plan_scalar(Planner& pl, Plan& plan, ArgPlan& ap, const c10::Scalar& sc, int16_t src) {
   ap.value.kind = Arg::Kind::Scalar;
-  if (auto k = small_int_scalar(sc)) {
-    ap.scalar_const = *k;
+  if (auto k = const_scalar_index(sc)) {
+    ap.scalar_const = const_scalar_value(*k);
+    ap.value.scalar_value = ap.scalar_const;
     ap.scalar_const_elem = sc.isFloatingPoint() ? ElemType::F64 : ElemType::S64;
     plan.key += (sc.isFloatingPoint() ? "Sf=" : "Si=") + std::to_string(*k) + ";";
   } else {

@@ -60,8 +60,10 @@ void execute_call(const runtime::Call& call, runtime::ProgramPtr* program, const
 // counters drawn from `gen` (a tpu generator), or from device `device`'s default generator.
 runtime::HostOperand draw_rng_state(const std::optional<at::Generator>& gen, int device, int64_t counters);
 
-// A Python scalar the plan bakes in as a constant (ArgPlan::scalar_const): -1, 0, 1 or 2.
-std::optional<int64_t> small_int_scalar(const c10::Scalar& sc);
+// A Python scalar the plan bakes in as a constant (ArgPlan::scalar_const): its index in a small
+// table (-2, -1, -0.5, 0, 0.5, 1, 2, 3; integral scalars -2..3 only), and the value at an index.
+std::optional<int> const_scalar_index(const c10::Scalar& sc);
+double const_scalar_value(int index);
 
 // Host operand values: a Python scalar (complex: lowering::Unsupported) or a 0-d CPU tensor.
 runtime::HostOperand host_operand(const c10::Scalar& sc);

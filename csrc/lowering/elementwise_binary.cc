@@ -173,6 +173,17 @@ TPU_LOWER_WITH(pow, .elementwise = true, .checked = true) {
   // scalar's value is no part of the signature) skips that, so the value is checked here too.
   if (b.checking() && !is_float(t) && c.overload == "Tensor_Scalar")
     check(b, b.compare(Cmp::LT, y, zero(b, y)), CheckKind::Runtime, "Integers to negative integer powers are not allowed.");
+  // ATen's CPU kernel special-cases these exponents (PowKernel.cpp): sqrt, 1/sqrt, 1/x for
+  // f32/f64/bf16 and 1/(x*x) for f32/f64; the same forms give its bits (sqrt(-0) = -0,
+  // sqrt(-inf) = nan), and run far faster than XLA:CPU's per-element pow.
+  const Arg& e = c.arg("exponent");
+  if (e.scalar_value && (t == ElemType::F32 || t == ElemType::F64 || t == ElemType::BF16)) {
+    const double p = *e.scalar_value;
+    if (p == 0.5) return {b.sqrt(x)};
+    if (p == -0.5) return {b.div(like_const(b, 1, x), b.sqrt(x))};
+    if (p == -1.0) return {b.div(like_const(b, 1, x), x)};
+    if (p == -2.0 && t != ElemType::BF16) return {b.div(like_const(b, 1, x), b.mul(x, x))};
+  }
   return {is_float(t) ? b.pow(x, y) : int_pow(b, x, y)};
 }
 TPU_LOWER_ELEMENTWISE(atan2) {

@@ -79,7 +79,9 @@ void emit_op(shlo::Builder& b, std::vector<Value>& cur, const std::vector<Value>
         }
         break;
       case lowering::Arg::Kind::Scalar:
-        a.scalar = ap.scalar_const ? b.constant_i(*ap.scalar_const, ap.scalar_const_elem) : host_vals[ap.host_index[0]];
+        a.scalar = !ap.scalar_const ? host_vals[ap.host_index[0]]
+                   : ap.scalar_const_elem == shlo::ElemType::F64 ? b.constant_f(*ap.scalar_const, ap.scalar_const_elem)
+                                                                  : b.constant_i(static_cast<int64_t>(*ap.scalar_const), ap.scalar_const_elem);
         break;
       default: break;  // constants are already in `value`
     }
