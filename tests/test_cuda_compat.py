@@ -6,6 +6,7 @@ from collections.abc import Callable
 
 import pytest
 import torch
+import torch_tpu
 
 X = torch.arange(20.0).reshape(4, 5)
 ROWS = torch.tensor([3, 0, 3])
@@ -38,6 +39,11 @@ def test_getitem_setitem_with_cpu_index(dtype: torch.dtype) -> None:
 def test_bool_mask_on_cpu() -> None:
     mask = torch.tensor([True, False, True, False])
     _both(lambda x: x[mask])
+    # The CPU mask becomes indices on the host (OpEntry::host_bool_indices): no device round trip.
+    x = X.to("tpu")
+    before = torch_tpu.dispatch_stats()["host_syncs"]
+    torch.testing.assert_close(x[mask].cpu(), X[mask])
+    assert torch_tpu.dispatch_stats()["host_syncs"] - before == 1  # the .cpu() only
 
     def setmask(x: torch.Tensor) -> torch.Tensor:
         x[mask] = 3.0

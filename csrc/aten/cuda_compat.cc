@@ -8,6 +8,7 @@
 #include <optional>
 
 #include "common.h"
+#include "lowering/lowering.h"
 
 namespace tpu::aten {
 
@@ -23,9 +24,11 @@ std::optional<c10::Device> tpu_device_of(const torch::jit::Stack& args) {
 
 bool is_mask(const at::Tensor& t) { return t.scalar_type() == at::kBool || t.scalar_type() == at::kByte; }
 
-bool is_cpu_index(const std::string& base, const c10::IValue& e) {
+// A CPU index tensor to move. Bool masks stay on the host for ops that turn them into integer
+// indices there anyway (OpEntry::host_bool_indices: moving them would add a round trip).
+bool is_cpu_index(bool host_masks, const c10::IValue& e) {
   if (!e.isTensor() || !e.toTensor().defined() || !e.toTensor().device().is_cpu()) return false;
-  return !(base == "index" && is_mask(e.toTensor()));
+  return !(host_masks && is_mask(e.toTensor()));
 }
 
 }  // namespace
@@ -45,9 +48,11 @@ void move_cpu_index_args(const c10::OperatorHandle& op, const std::string& base,
       const at::Tensor& t = v.toTensor();
       if (t.defined() && t.device().is_cpu()) v = t.to(target());
     } else if (v.isList()) {
+      const lowering::OpEntry* entry = lowering::find_op(base);
+      const bool host_masks = entry && entry->host_bool_indices;
       bool any = false;
       for (const c10::IValue& e : v.toListRef())
-        any |= is_cpu_index(base, e);
+        any |= is_cpu_index(host_masks, e);
       if (!any) continue;
       c10::List<std::optional<at::Tensor>> moved;
       for (const c10::IValue& e : v.toListRef()) {
@@ -55,7 +60,7 @@ void move_cpu_index_args(const c10::OperatorHandle& op, const std::string& base,
           moved.push_back(std::nullopt);
           continue;
         }
-        moved.push_back(is_cpu_index(base, e) ? e.toTensor().to(target()) : e.toTensor());
+        moved.push_back(is_cpu_index(host_masks, e) ? e.toTensor().to(target()) : e.toTensor());
       }
       v = moved;
     }

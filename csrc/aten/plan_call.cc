@@ -217,31 +217,43 @@ bool flattenable(const lowering::OpEntry& entry, const std::vector<NamedArg>& ar
   return flatten;
 }
 
-// TensorIterator's memory-overlap rule, for the lowered ops whose CPU kernel is a TensorIterator
-// that checks (pointwise ops; fill_/zero_/threshold_ configure theirs not to; copy_ checks in its
-// kernel, aten/ops_runtime.cc). Runs on the planning path only: a call that raises is never
-// remembered by the dispatch cache, and the cache's signature (strides, offsets, shared
-// storages) fixes the overlap, so cache hits (typed kernels included) need no check.
-bool checks_memory_overlap(const lowering::OpEntry& entry, const std::string& name) {
-  return entry.elementwise && name != "fill" && name != "zero" && name != "threshold" && name != "copy";
+// Whether the call's program records device checks. An entry declared .checked may record none
+// for some argument types (integer division checks its divisor, float division raises nothing:
+// the lowering guards each check by the element type), so the op is emitted once per signature
+// key to see (emitting costs 10-100 us, a remembered answer ~0.2). A call without checks then
+// has no status argument or result and takes no status lock. Planning path only (the dispatch
+// cache keeps the plan).
+bool emits_checks(const Plan& plan) {
+  shlo::Builder b;
+  std::vector<Value> cur(plan.slots.size());
+  for (size_t i = 0; i < plan.slots.size(); ++i)
+    if (plan.slots[i].read) cur[i] = b.arg(Type{plan.slots[i].elem, {plan.slots[i].numel}});
+  std::vector<Value> host_vals;
+  for (const HostOperand& h : plan.host) host_vals.push_back(b.arg(Type{h.elem, h.dims()}));
+  runtime::emit_op(b, cur, host_vals, plan);  // checking on: plan.checked is still true here
+  return b.has_errors();
 }
 
-// Pointwise ops declared .checked (integer division by zero, integer ** negative Python int) have
-// value checks for integer results only: a float call plans with an unchecked copy of the entry,
-// so it pays no device status. Planning path only (the cache remembers the plan).
-const lowering::OpEntry& entry_for_call(const lowering::OpEntry& e, c10::ScalarType common) {
-  if (!(e.checked && e.elementwise) || c10::isIntegralType(common, /*includeBool=*/false)) return e;
+bool records_checks(const Plan& plan) {
+  if (!plan.entry->checked) return false;
+  if (!runtime::device_checks()) return true;  // the runtime adds no status while checks are off
   static std::mutex mu;
-  static std::unordered_map<const lowering::OpEntry*, std::unique_ptr<lowering::OpEntry>> copies;
-  std::lock_guard<std::mutex> lock(mu);
-  auto& copy = copies[&e];
-  if (!copy) {
-    copy = std::make_unique<lowering::OpEntry>(e);
-    copy->checked = false;
+  static auto* known = std::make_unique<std::unordered_map<std::string, bool>>().release();
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    if (auto it = known->find(plan.key); it != known->end()) return it->second;
   }
-  return *copy;
+  const bool checks = emits_checks(plan);
+  std::lock_guard<std::mutex> lock(mu);
+  if (known->size() >= 4096) known->clear();  // bounded; a forgotten key is emitted again
+  known->emplace(plan.key, checks);
+  return checks;
 }
 
+// TensorIterator's memory-overlap rule, for the lowered ops whose CPU kernel is a TensorIterator
+// that checks. Runs on the planning path only: a call that raises is never remembered by the
+// dispatch cache, and the cache's signature (strides, offsets, shared storages) fixes the
+// overlap, so cache hits (typed kernels included) need no check.
 void check_call_overlap(const std::vector<NamedArg>& args, const std::vector<at::Tensor>& outs) {
   std::vector<at::Tensor> inputs;
   for (const auto& a : args) {
@@ -470,11 +482,13 @@ void materialize(const at::Tensor& t) {
 void run_lowering(const std::string& name, const std::string& overload,
                   const lowering::OpEntry& entry, const std::vector<NamedArg>& args,
                   const std::vector<at::Tensor>& outs, c10::ScalarType common, PlannedCall* record) {
-  if (checks_memory_overlap(entry, name)) check_call_overlap(args, outs);
+  // TensorIterator's memory-overlap rule for pointwise ops (OpEntry::writes_may_overlap).
+  if (entry.elementwise && !entry.writes_may_overlap) check_call_overlap(args, outs);
   const bool flatten = flattenable(entry, args, outs);
   auto plan_ptr = std::make_shared<Plan>();
   Plan& plan = *plan_ptr;
-  plan.entry = &entry_for_call(entry, common);
+  plan.entry = &entry;
+  plan.checked = entry.checked;
   plan.name = name;
   plan.overload = overload;
   plan.what = "aten::" + name + (overload.empty() ? "" : "." + overload);
@@ -505,6 +519,7 @@ void run_lowering(const std::string& name, const std::string& overload,
   for (size_t j = 0; j < all_args.size(); ++j)
     plan.args.push_back(plan_argument(pl, plan, *all_args[j], static_cast<int>(j), counters, outs));
   plan_outputs(pl, plan, outs, common);
+  plan.checked = records_checks(plan);
   call.device = std::max(pl.device(), 0);
   call.plan = plan_ptr;
   runtime::ProgramPtr program;

@@ -124,8 +124,8 @@ TPU_LOWER_ELEMENTWISE(mul) {
   Value x = input_as(b, c, "self", t), y = input_as(b, c, "other", t);
   return {t == ElemType::Pred ? b.and_(x, y) : b.mul(x, y)};
 }
-// The CPU kernels' value checks of integer division ("ZeroDivisionError", a RuntimeError). Pointwise
-// checked ops are device-checked only for integer result types (aten/plan_call.cc: entry_for_call).
+// The CPU kernels' value checks of integer division ("ZeroDivisionError", a RuntimeError). A float
+// call records no check, so its program has no status (aten/plan_call.cc records_checks).
 void check_divisor(Builder& b, Value d) {
   if (b.checking() && is_integral(d.elem())) check(b, eq(b, d, zero(b, d)), CheckKind::Runtime, "ZeroDivisionError");
 }
@@ -282,7 +282,7 @@ TPU_LOWER_ELEMENTWISE(__lshift__) { return shift_op(b, c, true); }
 TPU_LOWER_ELEMENTWISE(__rshift__) { return shift_op(b, c, false); }
 
 // ------------------------------------------------------------------ activations with scalars
-TPU_LOWER_ELEMENTWISE(threshold) {
+TPU_LOWER_WITH(threshold, .elementwise = true, .writes_may_overlap = true) {
   ElemType t = arith(c);
   Value x = input_as(b, c, "self", t);
   return {b.select(le(b, x, input_as(b, c, "threshold", t)), input_as(b, c, "value", t), x)};

@@ -101,6 +101,11 @@ struct OpEntry {
   // Pointwise over same-shaped inputs: the runtime may flatten contiguous operands to 1-D so
   // one compiled program serves every shape with the same element count.
   bool elementwise = false;
+  // CPU's kernel lets the written tensor overlap itself or its inputs: its TensorIterator skips
+  // the memory-overlap check (fill_, zero_, threshold_), or the kernel checks in its own way
+  // (copy_, aten/ops_runtime.cc). Other pointwise ops raise CPU's overlap error when planned
+  // (aten/plan_call.cc).
+  bool writes_may_overlap = false;
   // Consumes random numbers: the runtime passes the device generator's Philox state as the
   // Tensor argument "generator" (u64[2] = seed, offset) even when the schema has none, and
   // advances it by one 128-bit block per element of the largest output or tensor input.
@@ -126,8 +131,10 @@ struct OpEntry {
   // (one counted sync), then the integer-index lowering runs on the device.
   bool host_bool_indices = false;
   // Raises on bad values in PyTorch's CPU kernel (out-of-range index, invalid probabilities):
-  // the lowering records device-side checks with check(); the runtime adds the error status as
-  // one more program result when device checks are on (TORCH_TPU_DEVICE_CHECKS, default on).
+  // the lowering records device-side checks with check(), and may record none for some argument
+  // types (integer division by zero raises, float division does not). A call whose lowering
+  // recorded a check has the error status as one more program result when device checks are on
+  // (TORCH_TPU_DEVICE_CHECKS, default on); see runtime::Plan::checked.
   bool checked = false;
   // Index arguments ("index"/"indices") may be CPU tensors, as CUDA accepts: the boxed kernel
   // moves them to the op's tpu device once per call (CPU bool masks of `index` stay on the host).

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "elementwise_math.h"
 #include "lowering.h"
 #include "shape_util.h"
 
@@ -354,6 +355,72 @@ static std::vector<Value> lower_cum(Builder& b, const OpCall& c, bool is_sum) {
 
 TPU_LOWER(cumsum) { return lower_cum(b, c, true); }
 TPU_LOWER(cumprod) { return lower_cum(b, c, false); }
+
+// ------------------------------------------------------------------ logcumsumexp
+// CPU's _log_add_exp_helper: max + log1p(exp(min - max)), except that equal infinities (both
+// -inf, both +inf) give that infinity instead of NaN; a NaN operand gives NaN. Its identity is
+// -inf, so the log-step scan pads with it (the order of additions differs from CPU's sequential
+// loop; in double for float, as CPU, that stays below float rounding). The backward (logcumsumexp_backward) decomposes into
+// lowered ops.
+TPU_LOWER(_logcumsumexp) {
+  const Type& o = out_type(c);
+  if (!shlo::is_float(o.elem)) throw Unsupported("logcumsumexp: non-float output");
+  // CPU accumulates in at::acc_type<scalar_t, /*is_cuda=*/false>: double for float.
+  const ElemType t = o.elem == ElemType::F32 ? ElemType::F64 : opmath(o.elem);
+  Value x = b.convert(b.convert(c.tensor("self"), o.elem), t);
+  if (x.rank() == 0) return {fit(b, x, o)};
+  const int64_t dim = norm_dim(c.int_("dim"), x.rank());
+  const int64_t n = x.shape()[dim];
+  const int64_t rank = x.rank();
+  Value neg_inf = b.constant_f(-std::numeric_limits<double>::infinity(), t);
+  for (int64_t s = 1; s < n; s *= 2) {  // Hillis-Steele, as scan() above
+    Shape start(rank, 0), limit = x.shape();
+    limit[dim] = n - s;
+    Shape lo(rank, 0), hi(rank, 0);
+    lo[dim] = s;
+    Value y = b.pad(b.slice(x, start, limit), neg_inf, lo, hi);
+    Value mn = ew::nan_min(b, x, y), mx = ew::nan_max(b, x, y);
+    Value r = b.add(mx, ew::log1p(b, b.exp(b.sub(mn, mx))));
+    Value finite = b.op("is_finite", {mn}, Type{ElemType::Pred, mn.shape()});
+    Value equal_infs = b.and_(ew::eq(b, mn, mx), b.not_(finite));
+    x = b.select(equal_infs, x, r);
+  }
+  return {fit(b, x, o)};
+}
+
+// ------------------------------------------------------------------ trace
+// The sum of the main diagonal, accumulated like sum (integers promote to int64).
+TPU_LOWER(trace) {
+  const Type& o = out_type(c);
+  Value x = c.tensor("self");
+  if (x.rank() != 2) throw Unsupported("trace: input is not 2-D");
+  Value xi = input_as(b, x, o.elem);
+  Value on_diag = b.compare(Cmp::EQ, b.iota(Type{ElemType::S64, x.shape()}, 0), b.iota(Type{ElemType::S64, x.shape()}, 1));
+  Value d = b.select(on_diag, xi, b.constant_i(0, xi.elem(), x.shape()));
+  return {fit(b, rsum(b, d, {0, 1}), o)};
+}
+
+// ------------------------------------------------------------------ renorm
+// Each slice along `dim` whose p-norm (over the other dims, accumulated in float32 for
+// half/bfloat16) exceeds maxnorm is scaled by maxnorm / (norm + 1e-7), as CPU's renorm_out.
+TPU_LOWER(renorm) {
+  const Type& o = out_type(c);
+  if (!shlo::is_float(o.elem)) throw Unsupported("renorm: non-float output");
+  Value x = c.tensor("self");
+  if (x.rank() == 0) throw Unsupported("renorm: 0-d input");
+  const int64_t dim = norm_dim(c.int_("dim"), x.rank());
+  std::vector<int64_t> dims;
+  for (int64_t i = 0; i < x.rank(); ++i)
+    if (i != dim) dims.push_back(i);
+  Value xa = input_as(b, x, o.elem);
+  const ElemType t = xa.elem();
+  Value norm = vector_norm(b, xa, dims, c.find("p"));  // [size(dim)]
+  Value maxnorm = b.broadcast_to(b.convert(operand(b, c.arg("maxnorm"), t, {}), t), norm.shape());
+  Value scaled = b.div(maxnorm, b.add(norm, b.constant_f(1e-7, t, norm.shape())));
+  Value factor = b.select(b.compare(Cmp::GT, norm, maxnorm), scaled, b.constant_f(1.0, t, norm.shape()));
+  factor = b.broadcast_in_dim(b.convert(factor, o.elem), x.shape(), {dim});
+  return {b.mul(b.convert(x, o.elem), factor)};
+}
 
 // ------------------------------------------------------------------ equal
 // torch.equal: same sizes and every element equal after type promotion (NaN != NaN). The

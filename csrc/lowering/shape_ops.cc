@@ -556,6 +556,101 @@ TPU_LOWER(linspace) {
   return {b.convert(b.select(first_half, lo, hi), o.elem)};
 }
 
+// ---- tril_indices / triu_indices: [2, N] (row, col) of the kept entries in row-major order,
+// N from the meta function. Entry k's row comes from the closed form of the row-start counts
+// (a square root in double, then corrected by exact integer comparisons), as CUDA does.
+namespace {
+// Rows of the triangle whose lengths change by `step` (+1 for tril, -1 for triu) per row from
+// `first`; S(r) = r * first + step * r (r - 1) / 2 entries precede row r. Returns (row, entry
+// offset within the row) for linear indices k (s64) that lie in this part.
+std::pair<Value, Value> staircase(Builder& b, Value k, int64_t first, int64_t step) {
+  const Shape& s = k.shape();
+  auto ci = [&](int64_t v) { return b.constant_i(v, I64, s); };
+  auto S = [&](Value r) {  // r * first + step * r * (r - 1) / 2
+    Value tri = b.div(b.mul(r, b.sub(r, ci(1))), ci(2));
+    return b.add(b.mul(r, ci(first)), step > 0 ? tri : b.neg(tri));
+  };
+  // step * r^2 + (2 first - step) r - 2k = 0, the root that is >= 0 and increasing in k.
+  Value kd = b.convert(k, ElemType::F64);
+  const double bq = 2.0 * static_cast<double>(first) - static_cast<double>(step);
+  Value disc = b.add(b.constant_f(bq * bq, ElemType::F64, s), b.mul(b.constant_f(8.0 * static_cast<double>(step), ElemType::F64, s), kd));
+  disc = b.max(disc, b.constant_f(0.0, ElemType::F64, s));
+  Value root = b.div(b.sub(b.sqrt(disc), b.constant_f(bq, ElemType::F64, s)),
+                     b.constant_f(2.0 * static_cast<double>(step), ElemType::F64, s));
+  Value r = b.max(b.convert(b.floor(root), I64), ci(0));
+  for (int i = 0; i < 2; ++i) {  // exact: S(r) <= k < S(r + 1)
+    r = b.select(b.compare(Cmp::GT, S(r), k), b.max(b.sub(r, ci(1)), ci(0)), r);
+    r = b.select(b.compare(Cmp::LE, S(b.add(r, ci(1))), k), b.add(r, ci(1)), r);
+  }
+  return {r, b.sub(k, S(r))};
+}
+
+Value tri_indices(Builder& b, const OpCall& c, bool lower) {
+  const Type& o = out_type(c);
+  if (o.rank() != 2 || o.shape[0] != 2) throw Unsupported("tri_indices: output is not [2, N]");
+  const int64_t n = o.shape[1];
+  if (n == 0) return b.zeros(o);
+  const int64_t col = c.int_("col"), offset = c.int_("offset", 0);
+  const Shape s{n};
+  auto ci = [&](int64_t v) { return b.constant_i(v, I64, s); };
+  Value k = b.iota(Type{I64, s}, 0);
+  Value row, column;
+  if (lower) {  // CPU: rows from max(0, -offset); row r keeps columns [0, min(col, r + offset + 1))
+    const int64_t r0 = std::max<int64_t>(0, -offset);
+    const int64_t first = std::min(col, r0 + offset + 1);  // >= 1 when n > 0
+    const int64_t growing = col - first;                    // rows shorter than col
+    const int64_t before_full = growing * first + growing * (growing - 1) / 2;
+    auto [r, j] = staircase(b, k, first, 1);
+    Value kr = b.sub(k, ci(before_full));
+    Value in_stairs = b.compare(Cmp::LT, k, ci(before_full));
+    row = b.add(b.select(in_stairs, r, b.add(ci(growing), b.div(kr, ci(col)))), ci(r0));
+    column = b.select(in_stairs, j, b.rem(kr, ci(col)));
+  } else {  // row r keeps columns [max(0, r + offset), col): full rows while r + offset <= 0
+    const int64_t full = std::max<int64_t>(0, std::min<int64_t>(c.int_("row"), 1 - offset));
+    const int64_t first = col - std::max<int64_t>(0, full + offset);  // length of the first shorter row
+    auto [r, j] = staircase(b, b.max(b.sub(k, ci(full * col)), ci(0)), first, -1);
+    Value in_full = b.compare(Cmp::LT, k, ci(full * col));
+    Value rr = b.add(r, ci(full));
+    row = b.select(in_full, b.div(k, ci(col)), rr);
+    Value start = b.max(b.add(rr, ci(offset)), ci(0));
+    column = b.select(in_full, b.rem(k, ci(col)), b.add(start, j));
+  }
+  Value both = b.concatenate({b.reshape(row, {1, n}), b.reshape(column, {1, n})}, 0);
+  return b.convert(both, o.elem);
+}
+}  // namespace
+
+TPU_LOWER(tril_indices) { return {tri_indices(b, c, true)}; }
+TPU_LOWER(triu_indices) { return {tri_indices(b, c, false)}; }
+
+// logspace, as CPU's kernel: start/end cast to the output type, the step and every exponent in
+// double (each half counted from its own end, as linspace), pow in double (base rounded to float
+// for integer outputs), then cast to the output type.
+TPU_LOWER(logspace) {
+  const Type& o = out_type(c);
+  if (o.rank() != 1) throw Unsupported("logspace: output is not 1-D");
+  const int64_t n = o.shape[0];
+  if (n == 0) return {b.zeros(o)};
+  if (o.elem == ElemType::Pred) throw Unsupported("logspace: bool output");
+  const ElemType d = ElemType::F64;
+  const bool integral = !is_float(o.elem);
+  double base = c.double_("base", 10.0);
+  if (integral) base = static_cast<double>(static_cast<float>(base));
+  Value basev = b.constant_f(base, d, {n});
+  if (n == 1) return {b.convert(b.pow(basev, b.broadcast_to(scalar_value(b, c.arg("start"), d), {1})), o.elem)};
+  Value start = scalar_value(b, c.arg("start"), o.elem), end = scalar_value(b, c.arg("end"), o.elem);
+  // end - start in C++ integer promotion (int for narrow types), then double
+  Value diff = integral ? b.sub(b.convert(end, I64), b.convert(start, I64)) : b.sub(end, start);
+  Value step = b.div(b.convert(diff, d), b.constant_i(n - 1, d));
+  Value startd = b.convert(start, d), endd = b.convert(end, d);
+  Value iota = b.convert(b.iota(Type{I64, {n}}, 0), d);
+  Value stepv = b.broadcast_to(step, {n});
+  Value lo = b.add(b.broadcast_to(startd, {n}), b.mul(stepv, iota));
+  Value hi = b.sub(b.broadcast_to(endd, {n}), b.mul(stepv, b.sub(b.constant_i(n - 1, d, {n}), iota)));
+  Value first_half = b.compare(Cmp::LT, b.iota(Type{I64, {n}}, 0), b.constant_i(n / 2, I64, {n}));
+  return {b.convert(b.pow(basev, b.select(first_half, lo, hi)), o.elem)};
+}
+
 TPU_LOWER(eye) {
   const Type& o = out_type(c);
   if (o.rank() != 2) throw Unsupported("eye: output is not 2-D");
@@ -566,11 +661,11 @@ TPU_LOWER(eye) {
   return {b.select(eq, b.constant_i(1, o.elem, o.shape), b.zeros(o))};
 }
 
-TPU_LOWER_ELEMENTWISE(fill) {
+TPU_LOWER_WITH(fill, .elementwise = true, .writes_may_overlap = true) {
   const Type& o = out_type(c);
   return {operand(b, c.arg("value"), o.elem, o.shape)};
 }
 
-TPU_LOWER_ELEMENTWISE(zero) { return {b.zeros(out_type(c))}; }
+TPU_LOWER_WITH(zero, .elementwise = true, .writes_may_overlap = true) { return {b.zeros(out_type(c))}; }
 
 }  // namespace tpu::lowering

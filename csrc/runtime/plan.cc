@@ -90,7 +90,7 @@ void emit_op(shlo::Builder& b, std::vector<Value>& cur, const std::vector<Value>
     shlo::Builder& b;
     ~Checking() { b.set_checking(false); }
   } checking{b};
-  b.set_checking(plan.entry->checked && device_checks());
+  b.set_checking(plan.checked && device_checks());
   b.set_precision(plan.precision);
   std::vector<Value> res = plan.entry->fn(b, call);
   if (res.size() < plan.outs.size())
@@ -125,7 +125,7 @@ std::string build_program(const Plan& plan) {
     if (plan.slots[i].read) b.alias(plan.slots[i].arg, static_cast<int>(results.size()));
     results.push_back(cur[i]);
   }
-  if (plan.entry->checked && device_checks()) {  // the device's status: last argument, donated to the last result
+  if (plan.checked && device_checks()) {  // the device's status: last argument, donated to the last result
     Value status = b.arg(Type{shlo::ElemType::S32, {2}});
     b.alias(b.num_args() - 1, static_cast<int>(results.size()));
     results.push_back(b.fold_status(status));

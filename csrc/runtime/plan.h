@@ -83,6 +83,10 @@ struct Plan {
   std::vector<ArgPlan> args;
   std::vector<TensorRef> outs;
   std::string key;
+  // The program records device-side checks (its entry is .checked and the lowering emitted a
+  // check for these argument types): it takes and returns the device's error status while
+  // device checks are on. Set when planning (aten/plan_call.cc).
+  bool checked = false;
   // Fused eager's short name for `key` in trace keys (0 until first recorded; set under the
   // pending-program lock, runtime/executor.cc).
   mutable uint64_t trace_key_id = 0;
