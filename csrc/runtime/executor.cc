@@ -248,6 +248,17 @@ bool split_small_programs() {
   return on;
 }
 
+// PyTorch rounds every op's result: a fused program must not contract one op's multiply into
+// the next op's add (pjrt::no_fma_compile_options). TORCH_TPU_FUSED_FMA=1 allows it (A/B switch).
+const std::string& fused_compile_options() {
+  static const std::string none;
+  static const bool fma = [] {
+    const char* v = std::getenv("TORCH_TPU_FUSED_FMA");
+    return v && std::string(v) == "1";
+  }();
+  return fma ? none : pjrt::no_fma_compile_options();
+}
+
 int64_t op_flops(const Plan& plan) {
   int64_t n = 0;
   for (const Slot& s : plan.slots) n = std::max(n, s.numel);
@@ -338,7 +349,7 @@ void flush_locked(Pending& p) {
     if (!program) {
       program = cache.get_or_compile_program(build_trace(p, targets),
                                              "fused graph (" + std::to_string(n_ops) + " ops)",
-                                             "new fused graph structure");
+                                             "new fused graph structure", fused_compile_options());
       cache.remember_signature(key, program);
     }
   }
