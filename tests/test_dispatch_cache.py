@@ -79,3 +79,19 @@ def test_random_ops_take_the_cache_and_draw_per_call() -> None:
         start = _offset()
         assert torch.equal(torch.native_dropout(x, 0.5, False)[0].cpu(), torch.ones(1000))
         assert _offset() == start
+
+
+def test_small_integral_scalars_are_constants_other_values_operands() -> None:
+    # pow(x, 3.0): 3 is a program constant, so XLA emits x*x*x as ATen's CPU kernel does: equal
+    # bitwise, and no scalar pow per element (GPT-2's GELU cube ran ~13x slower as an operand).
+    xc = torch.randn(4096, generator=torch.Generator().manual_seed(0)) * 10
+    x = xc.to("tpu")
+    for e in (3.0, 3, 2.0):
+        assert torch.equal(torch.pow(x, e).cpu(), torch.pow(xc, e))
+    assert torch.equal((x + 3).cpu(), xc + 3)
+    # Any other value is a runtime operand: a new value is served by the same remembered call.
+    xa = x.abs()
+    assert torch.allclose(torch.pow(xa, 3.5).cpu(), torch.pow(xc.abs(), 3.5))
+    before = _served()
+    assert torch.allclose(torch.pow(xa, 4.5).cpu(), torch.pow(xc.abs(), 4.5))
+    assert _served() - before == 1

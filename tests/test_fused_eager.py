@@ -128,3 +128,66 @@ def test_fused_small_ops_launch_in_inline_pieces() -> None:
             x = x * 0.5 + 1.0
         torch.tpu.synchronize()
     assert torch_tpu.dispatch_stats()["launches"] - before == 1
+
+
+def test_fused_never_written_storages_read_as_zeros_without_upload() -> None:
+    # Fresh memory reads as zeros (as in strict eager); in fused eager the pending program makes the
+    # zeros itself instead of uploading a zero buffer, so factories are one recorded op each.
+    def body(dev: str) -> list[torch.Tensor]:
+        z = torch.zeros(6, device=dev)
+        z[::2] = 1.0  # a partial write: the rest of the storage is read
+        e = torch.empty(4, dtype=torch.int32, device=dev)
+        ints = torch.zeros(5, dtype=torch.int64, device=dev) + torch.full((5,), 3, device=dev)
+        flags = torch.zeros(3, dtype=torch.bool, device=dev) | (torch.full((3,), 2.0, device=dev) > 1)
+        s = torch.scalar_tensor(2.5, device=dev) * torch.ones(2, device=dev)
+        return [z, e.view(torch.float32) * 0, ints, flags, s]
+
+    ref = body("cpu")
+    strict = [t.cpu() for t in body("tpu")]
+    with set_eager_mode(EagerMode.DEFER_AND_FUSE):
+        launches = torch_tpu.dispatch_stats()["launches"]
+        fused = body("tpu")
+        assert torch_tpu.dispatch_stats()["launches"] == launches  # all pending, nothing launched
+        fused = [t.cpu() for t in fused]
+    for r, a, b in zip(ref, strict, fused, strict=True):
+        torch.testing.assert_close(a, r)
+        torch.testing.assert_close(b, r)
+
+
+def test_item_reads_a_one_element_storage_like_cpu() -> None:
+    # .item() of a whole one-element storage reads it directly; views and other storages copy.
+    cases = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64, torch.int32,
+             torch.int8, torch.uint8, torch.bool]
+    for mode in (EagerMode.DEFER_NEVER, EagerMode.DEFER_AND_FUSE):
+        with set_eager_mode(mode):
+            for dt in cases:
+                c = (torch.arange(5) - 2).to(dt)
+                t = c.to("tpu")
+                for f in (lambda x: x.max(), lambda x: x[3], lambda x: x.view(5)[4:5].reshape(())):
+                    a, b = f(c).item(), f(t).item()
+                    assert type(a) is type(b) and a == b, (mode, dt, a, b)
+            x = torch.full((1,), 3.5, device="tpu")
+            x.add_(1)
+            assert x.item() == 4.5
+
+
+def test_factories_whose_scalars_decide_the_shape() -> None:
+    # arange's metadata is cached with its scalar values and the default dtype (its meta function
+    # is Python, ~60 us a call); arange(out=) is never served by the dispatch cache, whose
+    # signature leaves scalar values out.
+    for mode in (EagerMode.DEFER_NEVER, EagerMode.DEFER_AND_FUSE):
+        with set_eager_mode(mode):
+            for n in (5, 7, 5, 9):
+                torch.testing.assert_close(torch.arange(n, device="tpu").cpu(), torch.arange(n))
+                torch.testing.assert_close(torch.arange(0.5, n, 1.5, device="tpu").cpu(), torch.arange(0.5, n, 1.5))
+                out = torch.empty(0, dtype=torch.int64, device="tpu")
+                assert torch.arange(2, n, out=out) is out
+                torch.testing.assert_close(out.cpu(), torch.arange(2, n))
+            default = torch.get_default_dtype()
+            try:
+                for dt in (torch.float64, torch.float32):
+                    torch.set_default_dtype(dt)
+                    assert torch.arange(0.5, 3.0, device="tpu").dtype == dt
+                    assert torch.full((2,), 1.5, device="tpu").dtype == dt
+            finally:
+                torch.set_default_dtype(default)

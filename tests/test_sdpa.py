@@ -126,7 +126,7 @@ def test_loose_shift_bound_is_recomputed_exactly() -> None:
     _check(qkv, None, atol=2e-4, rtol=2e-4)
 
 
-@pytest.mark.parametrize("case", ["gqa_bool_mask_dead_row", "gqa_causal", "float_mask", "loose_bound"])
+@pytest.mark.parametrize("case", ["gqa_bool_mask_dead_row", "gqa_causal", "float_mask", "loose_bound", "head_dim_4"])
 def test_large_scores_take_the_blocked_forward(case: str, tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     # Scores over 8 MiB ([B*Hkv, G*L, S] = [2, 1100, 1030] f32) run as a loop over blocks of query
     # rows (509 here: 2 blocks and an 82-row tail), forward and backward (dK/dV accumulated over
@@ -146,6 +146,12 @@ def test_large_scores_take_the_blocked_forward(case: str, tmp_path, monkeypatch)
         qkv[0][:, :, :509] *= 30
         qkv[0][:, :, 1018:] *= 30
         _check(qkv, None, atol=2e-3, rtol=1e-4, is_causal=True)
+    elif case == "head_dim_4":
+        # Head dim 4: the blocked forward's scores are elementwise multiply-adds against the
+        # transposed keys; the first block's rows are recomputed with exact maxima (as a dot).
+        qkv, _ = _inputs(1, 4, 2, 1100, 1030, 4, 4, torch.float32, None)
+        qkv[0][:, :, :300] *= 30
+        _check(qkv, None, atol=2e-3, rtol=1e-4, enable_gqa=True)
     else:
         qkv, m = _inputs(1, 4, 2, 550, 1030, 8, 8, torch.float32, "bool")
         m[0, 0, 549, :] = False  # the tail's last row attends to nothing

@@ -2,9 +2,11 @@
 
 #include <ATen/EmptyTensor.h>
 #include <ATen/core/Tensor.h>
+#include <c10/core/DefaultDtype.h>
 #include <ATen/ops/empty_strided.h>
 
 #include <algorithm>
+#include <cstring>
 #include <mutex>
 #include <shared_mutex>
 #include <sstream>
@@ -63,7 +65,10 @@ void key_tensor(std::string& k, const at::Tensor& t) {
   k += ';';
 }
 
-// Signature of a call for the meta cache; false when the call must not be cached.
+// Signature of a call for the meta cache; false when the call must not be cached. Scalar values
+// are left out (they never change the metadata of an op with tensor inputs), except for pure
+// factories, whose metadata they can decide (arange's length, the default dtype for a float
+// start): there the values and the default dtype are part of the key.
 bool meta_key(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args, std::string* key) {
   const auto& sargs = op.schema().arguments();
   std::string& k = *key;
@@ -73,6 +78,7 @@ bool meta_key(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args, st
   k += op.schema().overload_name();
   k += '|';
   bool has_input_tensor = false;
+  std::string scalar_values;
   for (size_t j = 0; j < args.size(); ++j) {
     const c10::IValue& v = args[j];
     if (v.isTensor()) {
@@ -89,6 +95,17 @@ bool meta_key(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args, st
       has_input_tensor = true;
     } else if (v.isScalar() && hint_of(sargs[j].type()) == NamedArg::Hint::Scalar) {
       k += v.isDouble() ? "Sf;" : v.isBool() ? "Sb;" : v.isInt() ? "Si;" : "Sc;";
+      if (v.isDouble() || v.isInt() || v.isBool()) {  // exact: doubles by their bits
+        int64_t bits = v.isDouble() ? 0 : v.isInt() ? v.toInt() : v.toBool();
+        if (v.isDouble()) {
+          double d = v.toDouble();
+          std::memcpy(&bits, &d, sizeof bits);
+        }
+        scalar_values += std::to_string(bits);
+        scalar_values += ',';
+      } else {
+        scalar_values += "?";  // complex, symbolic: no key for a factory
+      }
     } else if (v.isGenerator()) {
       k += "G;";
     } else {
@@ -100,7 +117,12 @@ bool meta_key(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args, st
       k += ';';
     }
   }
-  return has_input_tensor;
+  if (has_input_tensor) return true;
+  if (scalar_values.find('?') != std::string::npos) return false;
+  k += "#factory:";
+  k += scalar_values;
+  k += c10::toString(c10::typeMetaToScalarType(c10::get_default_dtype()));
+  return true;
 }
 
 // Whether this call writes argument j: the schema's alias annotation, unless the op's lowering
@@ -138,8 +160,8 @@ const char* unsupported_returns(const std::vector<c10::Argument>& rets, bool boo
 }
 
 // Output metadata from PyTorch's meta function, cached by the call's signature (many meta
-// functions are Python and cost ~100 us). Scalar values never change output metadata when the
-// op has tensor inputs; pure factories (no tensor input) are not cached. Ops returning nothing
+// functions are Python and cost ~100 us: arange's is). Scalar values never change output metadata
+// when the op has tensor inputs; pure factories are keyed by their values too (meta_key). Ops returning nothing
 // (in-place list ops) or a bool need no output metadata. Null (with `why`) when meta fails.
 std::shared_ptr<const MetaResult> output_meta(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args,
                                               bool bool_result, bool list_result, std::string* why) {

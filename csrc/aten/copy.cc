@@ -9,6 +9,7 @@
 
 #include "common.h"
 #include "eager_dynamic.h"
+#include "ops_runtime.h"
 #include "plan_call.h"
 #include "runtime/context.h"
 #include "runtime/device_checks.h"
@@ -112,6 +113,20 @@ at::Tensor from_host(const at::Tensor& host_in, int device) {
 void throw_device_check(int kind, const char* msg) {
   if (kind == 1) TORCH_CHECK_INDEX(false, msg);
   TORCH_CHECK(false, msg);
+}
+
+bool read_single_element(const at::Tensor& src, void* out) {
+  runtime::StorageState& st = state_of(src);
+  if (src.storage_offset() != 0 || st.nbytes != static_cast<size_t>(src.itemsize())) return false;
+  runtime::Context::check_not_forked();  // as copy_into: a host read, a sync point
+  fused_flush();
+  ElemType e = elem_of(src.scalar_type());
+  raise_device_errors();
+  if (!st.buffer || st.elem != e) return false;
+  runtime::prof::Range prof_range("d2h");  // a host sync
+  st.buffer->to_host(out, st.nbytes);
+  dispatch_stats().host_syncs++;
+  return true;
 }
 
 void copy_into(const at::Tensor& dst, const at::Tensor& src) {

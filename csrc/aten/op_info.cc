@@ -87,7 +87,16 @@ const OpInfo& op_info(const c10::OperatorHandle& op) {
   for (const c10::Argument& r : rets)
     plain_returns &= (r.type()->kind() == c10::TypeKind::TensorType && (!r.alias_info() || r.alias_info()->isWrite())) ||
                      is_int_return(r);
-  info->cacheable = info->entry && (plain_returns || info->list_result);
+  // A factory's out= overload (arange.start_out: its only tensors are out= arguments) gets the
+  // shape its scalar values decide, which the signature leaves out: never served, like the
+  // pure factory itself.
+  bool tensor_input = false;
+  for (const c10::Argument& a : schema.arguments())
+    tensor_input |= !a.is_out() && (a.type()->isSubtypeOf(*c10::TensorType::get()) ||
+                                    a.type()->isSubtypeOf(*c10::OptionalType::ofTensor()) ||
+                                    a.type()->isSubtypeOf(*c10::ListType::ofTensors()) ||
+                                    a.type()->isSubtypeOf(*c10::ListType::ofOptionalTensors()));
+  info->cacheable = info->entry && (plain_returns || info->list_result) && tensor_input;
   std::unique_lock<std::shared_mutex> lock(mu);
   auto& slot = (*infos)[&schema];
   slot = std::move(info);

@@ -1,6 +1,7 @@
 // Kernels that are about storage and metadata rather than math: factories of uninitialized
 // memory, views (metadata only, no device work), resize/set_, copies between devices, reading
 // a scalar back to the host.
+#include <ATen/Dispatch_v2.h>
 #include <ATen/EmptyTensor.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/native/CPUFallback.h>
@@ -9,6 +10,8 @@
 #include <c10/core/DeviceGuard.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <torch/library.h>
+
+#include <cstring>
 
 #include <ATen/ops/_copy_from_and_resize_native.h>
 #include <ATen/ops/_reshape_alias_native.h>
@@ -130,6 +133,18 @@ at::Tensor copy_from_and_resize(const at::Tensor& self, const at::Tensor& dst) {
 c10::Scalar local_scalar_dense(const at::Tensor& self) {
   TORCH_CHECK(self.numel() == 1, "a Tensor with ", self.numel(),
               " elements cannot be converted to Scalar");
+  alignas(16) unsigned char bytes[16] = {};
+  if (read_single_element(self, bytes)) {  // the same Scalar as CPU's _local_scalar_dense
+    using namespace at;  // the dispatch macro names ScalarTypes unqualified
+    c10::Scalar r;
+    AT_DISPATCH_V2(self.scalar_type(), "_local_scalar_dense_tpu", AT_WRAP([&] {
+                     scalar_t value;
+                     std::memcpy(&value, bytes, sizeof(scalar_t));
+                     r = c10::Scalar(value);
+                   }), AT_EXPAND(AT_ALL_TYPES_AND_COMPLEX), kComplexHalf, kHalf, kBool, kBFloat16,
+                   AT_EXPAND(AT_FLOAT8_TYPES), AT_EXPAND(AT_BAREBONES_UNSIGNED_TYPES));
+    return r;
+  }
   at::Tensor host = at::empty({}, self.options().device(c10::kCPU));
   copy_into(host, self.reshape({}));
   return host.item();

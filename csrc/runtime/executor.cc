@@ -205,24 +205,40 @@ struct TraceArg {  // a pending storage the trace reads before writing it: a pro
 };
 
 struct RecordedOp {
-  std::shared_ptr<const Plan> plan;
-  c10::SmallVector<int, 6> ids;  // pending storage id of each slot
+  std::shared_ptr<const Plan> plan;  // kept alive until the flush (build_trace replays it on a miss)
+  size_t first_id;                   // its slots' pending ids: Pending::slot_ids[first_id, + slots)
 };
 
+struct PendingStorage {  // one storage the pending program touches, by pending id
+  StorageState* st;      // null once it died: its pending value is no longer a result
+  shlo::ElemType elem;   // element type of its pending value
+  bool written;
+  // Read before any write while it had no buffer (never written: reads as zeros). The program
+  // makes the zeros itself, elements of `elem` (then the read type): no host upload, no argument.
+  int64_t zeros = -1;
+};
+
+// Every container is cleared, not dropped, by a flush: a repeated loop body records into the
+// same memory, so recording allocates nothing once warm.
 struct Pending {
-  std::recursive_mutex mu;
+  std::mutex mu;  // never re-entered: nothing under it frees a storage (fused_forget) or records
   int device = -1;
-  uint64_t epoch = 1;  // bumped by every flush: a storage's fused_id is valid while its epoch matches
+  // Bumped by every flush once its results are stored: a storage's fused_id is valid while its
+  // fused_epoch equals it. Atomic: fused_forget reads it without the lock.
+  std::atomic<uint64_t> epoch{1};
   std::vector<RecordedOp> ops;
-  std::string key;                                // trace key so far (binary, see fused_record)
-  std::vector<StorageState*> storage_of;          // id -> storage (null once it died)
-  std::vector<shlo::ElemType> written_elem;       // id -> element type of its pending value
+  std::vector<int> slot_ids;                      // pending id of each recorded slot
+  std::vector<uint64_t> key;                      // trace key so far (words, see fused_record)
+  std::vector<PendingStorage> storages;           // by pending id
   std::vector<int> written;                       // ids in first-write order
-  std::vector<bool> is_written;
   std::vector<TraceArg> args;                     // storage arguments, in first-read order
   std::vector<pjrt::BufferPtr> arg_bufs;          // program arguments (storages and host operands)
   std::vector<CheckSource> checks;                // checked ops: the program's last result is a status
   int64_t flops = 0;                              // estimate: sum over ops of their largest slot
+  // Scratch of flush_locked, kept for its capacity.
+  std::string key_text;
+  std::vector<int> targets;
+  std::vector<PJRT_Buffer*> raw_args;
 };
 constexpr size_t kMaxFusedOps = 512;
 
@@ -270,14 +286,9 @@ Pending& pending() {
   return *p;
 }
 
-template <typename T>
-void append_bytes(std::string& key, T v) {
-  key.append(reinterpret_cast<const char*>(&v), sizeof v);
-}
-
-// A plan key's short name in trace keys: 8 bytes instead of its ~100 characters, remembered in the
-// plan. Ids are never reused (the table is dropped when large, a key seen again gets a new id), so
-// equal ids always mean equal keys. Called under Pending::mu.
+// A plan key's short name in trace keys: one word instead of its ~100 characters, remembered in
+// the plan. Ids are never reused (the table is dropped when large, a key seen again gets a new
+// id), so equal ids always mean equal keys. Called under Pending::mu.
 uint64_t plan_key_id(const Plan& plan) {
   if (plan.trace_key_id) return plan.trace_key_id;
   static auto* ids = std::make_unique<std::unordered_map<std::string, uint64_t>>().release();
@@ -293,16 +304,19 @@ uint64_t plan_key_id(const Plan& plan) {
 // live written storages in first-write order (donating the ones that were arguments).
 std::string build_trace(const Pending& p, const std::vector<int>& targets) {
   shlo::Builder b;
-  std::vector<Value> value_of(p.storage_of.size());
-  std::vector<int> arg_index(p.storage_of.size(), -1);
+  std::vector<Value> value_of(p.storages.size());
+  std::vector<int> arg_index(p.storages.size(), -1);
   size_t next_storage_arg = 0;
   for (const RecordedOp& op : p.ops) {
     const Plan& plan = *op.plan;
+    const int* ids = p.slot_ids.data() + op.first_id;
     std::vector<Value> cur(plan.slots.size());
     for (size_t i = 0; i < plan.slots.size(); ++i) {
       if (!plan.slots[i].read) continue;
-      int id = op.ids[i];
-      if (value_of[id].id < 0) {
+      int id = ids[i];
+      if (value_of[id].id < 0 && p.storages[id].zeros >= 0) {
+        value_of[id] = b.zeros(Type{plan.slots[i].elem, {p.storages[id].zeros}});
+      } else if (value_of[id].id < 0) {
         const TraceArg& a = p.args[next_storage_arg++];
         value_of[id] = b.arg(Type{a.elem, {a.numel}});
         arg_index[id] = b.num_args() - 1;
@@ -313,7 +327,7 @@ std::string build_trace(const Pending& p, const std::vector<int>& targets) {
     for (const HostOperand& h : plan.host) host_vals.push_back(b.arg(Type{h.elem, h.dims()}));
     emit_op(b, cur, host_vals, plan);
     for (size_t i = 0; i < plan.slots.size(); ++i)
-      if (plan.slots[i].written) value_of[op.ids[i]] = cur[i];
+      if (plan.slots[i].written) value_of[ids[i]] = cur[i];
   }
   std::vector<Value> results;
   for (int id : targets) {
@@ -328,128 +342,129 @@ std::string build_trace(const Pending& p, const std::vector<int>& targets) {
   return b.module(results);
 }
 
+// Empties the pending program on every way out of flush_locked (a failed compile or launch
+// included), then bumps the epoch: every recorded storage's pending id is forgotten at once.
+struct PendingReset {
+  Pending& p;
+  ~PendingReset() {
+    p.ops.clear();
+    p.slot_ids.clear();
+    p.key.clear();
+    p.storages.clear();
+    p.written.clear();
+    p.args.clear();
+    p.arg_bufs.clear();
+    p.checks.clear();
+    p.flops = 0;
+    p.device = -1;
+    p.epoch.fetch_add(1, std::memory_order_release);
+  }
+};
+
 void flush_locked(Pending& p) {
   if (p.ops.empty()) return;
-  std::vector<int> targets;
-  std::vector<StorageState*> target_states;
-  std::string key = std::move(p.key);
+  PendingReset reset{p};
+  // The signature key: the trace key's words, then the results (live written storages).
+  p.targets.clear();
+  for (int id : p.written)
+    if (p.storages[id].st) p.targets.push_back(id);  // a storage that died is not a result
+  std::string& key = p.key_text;
+  key.assign("fused trace\n");  // never equal to an op's signature key
+  key.append(reinterpret_cast<const char*>(p.key.data()), p.key.size() * sizeof(uint64_t));
   key += '>';
-  for (int id : p.written) {
-    if (!p.storage_of[id]) continue;  // storage died before the flush: not a result
-    targets.push_back(id);
-    target_states.push_back(p.storage_of[id]);
-    append_bytes(key, id);
+  key.append(reinterpret_cast<const char*>(p.targets.data()), p.targets.size() * sizeof(int));
+  if (p.targets.empty()) return;  // nothing observable was computed
+  auto& cache = CompileCache::get();
+  ProgramPtr program = cache.find_signature(key);
+  if (!program) {
+    program = cache.get_or_compile_program(build_trace(p, p.targets),
+                                           "fused graph (" + std::to_string(p.ops.size()) + " ops)",
+                                           "new fused graph structure", fused_compile_options());
+    cache.remember_signature(key, program);
   }
-  int device = p.device;
-  size_t n_ops = p.ops.size();
-  ProgramPtr program;
-  if (!targets.empty()) {
-    auto& cache = CompileCache::get();
-    program = cache.find_signature(key);
-    if (!program) {
-      program = cache.get_or_compile_program(build_trace(p, targets),
-                                             "fused graph (" + std::to_string(n_ops) + " ops)",
-                                             "new fused graph structure", fused_compile_options());
-      cache.remember_signature(key, program);
-    }
-  }
-  std::vector<pjrt::BufferPtr> bufs = std::move(p.arg_bufs);
-  std::vector<shlo::ElemType> elems;
-  for (int id : targets) elems.push_back(p.written_elem[id]);
-  std::vector<CheckSource> checks = std::move(p.checks);
-  p.checks.clear();
-  p.ops.clear();
-  p.key.clear();
-  ++p.epoch;  // forgets every storage's pending id at once
-  p.storage_of.clear();
-  p.written_elem.clear();
-  p.written.clear();
-  p.is_written.clear();
-  p.args.clear();
-  p.arg_bufs.clear();
-  p.flops = 0;
-  p.device = -1;
-  if (!program) return;
-  std::vector<PJRT_Buffer*> raw;
-  raw.reserve(bufs.size());
-  for (const auto& bptr : bufs) raw.push_back(bptr->raw());
+  p.raw_args.clear();
+  for (const auto& bptr : p.arg_bufs) p.raw_args.push_back(bptr->raw());
   std::optional<CheckedLaunch> check;
-  if (!checks.empty()) {
-    check.emplace(device);
-    raw.push_back(check->status_arg());
+  if (!p.checks.empty()) {
+    check.emplace(p.device);
+    p.raw_args.push_back(check->status_arg());
   }
-  auto outs = Executor::get().launch(*program->exe, device, raw, {}, "fused graph");
-  if (check) check->done(outs.back(), std::move(checks));
-  for (size_t i = 0; i < target_states.size(); ++i) {
-    std::lock_guard<std::mutex> lock(target_states[i]->mu);
-    target_states[i]->buffer = outs[i];
-    target_states[i]->elem = elems[i];
+  auto outs = Executor::get().launch(*program->exe, p.device, p.raw_args, {}, "fused graph");
+  if (check) check->done(outs.back(), std::move(p.checks));
+  for (size_t i = 0; i < p.targets.size(); ++i) {
+    const PendingStorage& ps = p.storages[p.targets[i]];
+    std::lock_guard<std::mutex> lock(ps.st->mu);
+    ps.st->buffer = std::move(outs[i]);
+    ps.st->elem = ps.elem;
   }
   if (check) check->raise_if_due();
 }
 
-// The trace key, appended per op in binary (exact: every field has a fixed size, and a plan id
-// fixes its slot count): plan id; per slot its pending id and 'A' + element type + element count
-// (read before any pending write: a program argument), 'W' (first touched by a write) or '-'
-// (seen before); 'C' for a checked op; ';'.
+// The trace key, appended per op as words (exact: a plan id fixes the op's slot count, and a
+// slot's tag says whether a numel word follows): plan id * 2 + checked; per slot its pending id,
+// a tag 'A' (read before any pending write: a program argument; then the element type, and the
+// element count as one more word), 'Z' (the same, for a storage never written: zeros made in the
+// program), 'W' (first touched by a write) or '-' (seen before).
+uint64_t slot_word(int id, char tag, shlo::ElemType elem = shlo::ElemType::U8) {
+  return (static_cast<uint64_t>(static_cast<uint32_t>(id)) << 16) | (static_cast<uint64_t>(tag) << 8) |
+         static_cast<uint64_t>(elem);
+}
+
 void fused_record(const Call& call) {
   const Plan& plan = *call.plan;
-  Pending& p = pending();
-  std::lock_guard<std::recursive_mutex> lock(p.mu);
-  if (!p.ops.empty() && p.device != call.device) flush_locked(p);
+  const bool checked = plan.checked && device_checks();
+  LaunchSite site;
+  if (checked) site = capture_site();  // before the lock: it may wait for the GIL
   const int64_t flops = op_flops(plan);
+  Pending& p = pending();
+  std::lock_guard<std::mutex> lock(p.mu);
+  if (!p.ops.empty() && p.device != call.device) flush_locked(p);
   if (p.ops.size() >= kMinPieceOps && split_small_programs() && flops < kInlineFlopBudget &&
       p.flops < kInlineFlopBudget && p.flops + flops >= kInlineFlopBudget)
     flush_locked(p);  // the pending piece still runs inline; this op starts the next one
   p.flops += flops;
   p.device = call.device;
-  if (p.key.empty()) p.key = "fused trace\n";  // never equal to an op's signature key
-  RecordedOp op;
-  op.ids.resize(plan.slots.size());
-  append_bytes(p.key, plan_key_id(plan));
+  const uint64_t epoch = p.epoch.load(std::memory_order_relaxed);  // only flushes change it
+  const size_t first_id = p.slot_ids.size();
+  p.key.push_back(plan_key_id(plan) * 2 + (checked ? 1 : 0));
   for (size_t i = 0; i < plan.slots.size(); ++i) {
     const Slot& s = plan.slots[i];
     StorageState* st = call.st[i];
-    const bool fresh = st->fused_epoch != p.epoch;
+    const bool fresh = st->fused_epoch != epoch;
     if (fresh) {
-      st->fused_epoch = p.epoch;
-      st->fused_id = static_cast<int>(p.storage_of.size());
-      p.storage_of.push_back(st);
-      p.written_elem.push_back(s.elem);
-      p.is_written.push_back(false);
+      st->fused_epoch = epoch;
+      st->fused_id = static_cast<int>(p.storages.size());
+      p.storages.push_back({st, s.elem, false});
     }
     const int id = st->fused_id;
-    op.ids[i] = id;
-    append_bytes(p.key, id);
-    if (fresh && s.read) {  // read before any pending value: its current buffer is an argument
-      ensure_buffer(*st, s.elem, s.numel);
+    p.slot_ids.push_back(id);
+    if (fresh && s.read && !st->buffer) {  // never written: zeros made by the program
+      const int64_t n = static_cast<int64_t>(st->nbytes) / elem_bytes(s.elem);
+      p.storages[id].zeros = n;
+      p.key.push_back(slot_word(id, 'Z', s.elem));
+      p.key.push_back(static_cast<uint64_t>(n));
+    } else if (fresh && s.read) {  // read before any pending value: its current buffer is an argument
       int64_t n = static_cast<int64_t>(st->nbytes) / elem_bytes(st->elem);
       p.args.push_back({id, st->elem, n});
       p.arg_bufs.push_back(st->buffer);
-      p.key += 'A';
-      append_bytes(p.key, st->elem);
-      append_bytes(p.key, n);
+      p.key.push_back(slot_word(id, 'A', st->elem));
+      p.key.push_back(static_cast<uint64_t>(n));
     } else {
-      p.key += fresh ? 'W' : '-';
+      p.key.push_back(slot_word(id, fresh ? 'W' : '-'));
     }
   }
   for (const HostOperand& h : call.host) p.arg_bufs.push_back(upload_host(h, call.device));
   for (size_t i = 0; i < plan.slots.size(); ++i) {
     if (!plan.slots[i].written) continue;
-    int id = op.ids[i];
-    p.written_elem[id] = plan.slots[i].elem;
-    if (!p.is_written[id]) {
-      p.is_written[id] = true;
-      p.written.push_back(id);
+    PendingStorage& ps = p.storages[p.slot_ids[first_id + i]];
+    ps.elem = plan.slots[i].elem;
+    if (!ps.written) {
+      ps.written = true;
+      p.written.push_back(p.slot_ids[first_id + i]);
     }
   }
-  if (plan.checked && device_checks()) {  // part of the trace key: one more result
-    p.key += 'C';
-    p.checks.push_back({0, plan.what, capture_site()});
-  }
-  p.key += ';';
-  op.plan = call.plan;
-  p.ops.push_back(std::move(op));
+  if (checked) p.checks.push_back({0, plan.what, site});  // part of the trace key: one more result
+  p.ops.push_back({call.plan, first_id});
   dispatch_stats().ops++;
   if (p.ops.size() >= kMaxFusedOps) flush_locked(p);
 }
@@ -463,17 +478,20 @@ void execute(const Call& call, ProgramPtr* program, const MissReason& miss_reaso
 
 void fused_flush() {
   Pending& p = pending();
-  std::lock_guard<std::recursive_mutex> lock(p.mu);
+  std::lock_guard<std::mutex> lock(p.mu);
   flush_locked(p);
 }
 
 void fused_forget(StorageState* st) {
   // A dying storage is recorded by nobody else: its fused_epoch can be read without the lock.
+  // An older epoch needs no lock either: a flush bumps the epoch only after it stored its results,
+  // so a storage a running flush still writes to compares equal and waits for the lock below.
   if (st->fused_epoch == 0) return;  // never part of a fused program
   Pending& p = pending();
-  std::lock_guard<std::recursive_mutex> lock(p.mu);
-  if (st->fused_epoch != p.epoch) return;  // not in the pending program
-  p.storage_of[st->fused_id] = nullptr;    // its pending value is no longer a result
+  if (st->fused_epoch != p.epoch.load(std::memory_order_acquire)) return;
+  std::lock_guard<std::mutex> lock(p.mu);
+  if (st->fused_epoch != p.epoch.load(std::memory_order_relaxed)) return;  // flushed meanwhile
+  p.storages[st->fused_id].st = nullptr;  // its pending value is no longer a result
   st->fused_epoch = 0;
 }
 

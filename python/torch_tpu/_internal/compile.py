@@ -562,7 +562,7 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any],
             gm, lambda g, inputs: compile_graph(g, inputs, options)))
 
     STATS["graphs"] += 1
-    xla = xla_options.encode({**(options or {}), **xla_options.current()})
+    xla = xla_options.encode({**graph_defaults(), **(options or {}), **xla_options.current()})
     host = next((n for n in gm.graph.nodes if n.op == "call_function" and _touches_host(n)), None)
     if dynamic_shapes.is_dynamic(gm) and host is not None:  # buckets cannot pad CPU work: correct, op by op
         STATS["eager_graphs"] += 1
@@ -726,6 +726,19 @@ def register_device_interface() -> None:
 MODES = (None, "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 
 
+@functools.cache
+def graph_defaults() -> dict[str, Any]:
+    """XLA options every compiled graph gets unless the caller sets them (docs/compile.md).
+
+    On AVX-512 hosts, 512-bit vectors for XLA's generated loops (XLA:CPU prefers 256): measured
+    on whole programs, alternated in one process (process CPU per call), it was faster or equal
+    on every benchmark model: Llama decode -26 %, prefill -2 %, SD3 -6..-10 %, UNet -8 %,
+    Flux/AutoencoderKL within noise."""
+    if torch.backends.cpu.get_cpu_capability().startswith("AVX512"):
+        return {"xla_cpu_prefer_vector_width": 512}
+    return {}
+
+
 def _mode_options(mode: str | None) -> dict[str, Any]:
     if mode not in MODES:
         raise ValueError(f"torch_tpu: unknown torch.compile mode {mode!r}; expected one of "
@@ -767,7 +780,8 @@ class TpuBackend:
         from torch_tpu._internal.compile_cache import aot_cache
 
         opts = {**_mode_options(mode), **self.options, **xla_options.validate(options)}
-        with lowered_ops_stay_whole(), aot_cache(xla_options.encode({**opts, **xla_options.current()})):
+        with lowered_ops_stay_whole(), aot_cache(xla_options.encode({**graph_defaults(), **opts,
+                                                                     **xla_options.current()})):
             return self._aot(opts)(gm, example_inputs, **kwargs)
 
 
