@@ -1,14 +1,17 @@
-"""Results that equal PyTorch CPU exactly (not within a tolerance): fused eager rounds each op as
-CPU does (no FMA contraction across ops), and ops that used to run on the CPU fallback are lowered
-with CPU's own edge-case rules."""
+"""Results that equal PyTorch CPU exactly (not within a tolerance): fused eager with
+TORCH_TPU_FUSED_FMA=0 rounds each op as CPU does (no FMA contraction across ops), and ops that used
+to run on the CPU fallback are lowered with CPU's own edge-case rules."""
 
 from __future__ import annotations
+
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
 import torch.nn.functional as F
 import torch_tpu
-from torch_tpu import EagerMode, set_eager_mode
 
 
 @pytest.fixture
@@ -18,16 +21,24 @@ def no_fallback():
     assert torch_tpu.fallback_stats() == {}
 
 
-def test_fused_eager_does_not_contract_multiply_add_across_ops(no_fallback: None) -> None:
-    # c holds a * 0.9 rounded; c - a * 0.9 is exactly 0 on CPU. XLA:CPU contracted the second
-    # product into the subtraction (one FMA keeps it unrounded): 1.2e-7 instead of 0.
-    a = torch.randn(1000, generator=torch.Generator().manual_seed(0))
-    at = a.to("tpu")
-    with set_eager_mode(EagerMode.DEFER_AND_FUSE):
-        b = at * 0.9
-        c = torch.where(b > -100, b, b)
-        d = c - at * 0.9
-    assert d.abs().max().item() == 0.0
+_CONTRACTION = """
+import torch, torch_tpu
+a = torch.randn(1000, generator=torch.Generator().manual_seed(0)).to("tpu")
+with torch_tpu.set_eager_mode(torch_tpu.EagerMode.DEFER_AND_FUSE):
+    b = a * 0.9
+    c = torch.where(b > -100, b, b)
+    print((c - a * 0.9).abs().max().item())
+"""
+
+
+def test_fused_eager_without_fma_rounds_each_op_like_cpu() -> None:
+    # c holds a * 0.9 rounded; c - a * 0.9 is exactly 0 on CPU. XLA:CPU contracts the second
+    # product into the subtraction (one FMA keeps it unrounded: 1.2e-7) unless
+    # TORCH_TPU_FUSED_FMA=0 (read once per process, hence the subprocess).
+    env = {**os.environ, "TORCH_TPU_FUSED_FMA": "0"}
+    out = subprocess.run([sys.executable, "-c", _CONTRACTION], env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert float(out.stdout.split()[-1]) == 0.0
 
 
 def test_tril_triu_indices_equal_cpu(no_fallback: None) -> None:
