@@ -264,6 +264,18 @@ bool split_small_programs() {
   return on;
 }
 
+// PyTorch rounds every op's result; XLA:CPU contracts one op's multiply into the next op's add
+// (FMA). TORCH_TPU_FUSED_FMA=0 compiles fused programs without FMA (pjrt::no_fma_compile_options)
+// for CPU-exact rounding; not the default: the 64x4096 GELU block runs ~1.5x slower without it.
+const std::string& fused_compile_options() {
+  static const std::string none;
+  static const bool no_fma = [] {
+    const char* v = std::getenv("TORCH_TPU_FUSED_FMA");
+    return v && std::string(v) == "0";
+  }();
+  return no_fma ? pjrt::no_fma_compile_options() : none;
+}
+
 int64_t op_flops(const Plan& plan) {
   int64_t n = 0;
   for (const Slot& s : plan.slots) n = std::max(n, s.numel);
@@ -368,7 +380,7 @@ void flush_locked(Pending& p) {
   if (!program) {
     program = cache.get_or_compile_program(build_trace(p, p.targets),
                                            "fused graph (" + std::to_string(p.ops.size()) + " ops)",
-                                           "new fused graph structure");
+                                           "new fused graph structure", fused_compile_options());
     cache.remember_signature(key, program);
   }
   p.raw_args.clear();
