@@ -3,6 +3,8 @@
 #include <c10/core/DeviceGuard.h>
 #include <c10/util/Exception.h>
 
+#include <malloc.h>
+
 #include <fstream>
 #include <memory>
 #include <string>
@@ -88,6 +90,11 @@ void TpuAllocator::on_free(int device, size_t nbytes) {
     update(st.allocation[i], -1);
     update(st.active[i], -1);
   }
+}
+
+void TpuAllocator::emptyCache(c10::MempoolId_t) {
+  auto& ctx = runtime::Context::get();
+  if (ctx.initialized() && ctx.client().platform_name() == "cpu") malloc_trim(0);
 }
 
 void TpuAllocator::copy_data(void*, const void*, std::size_t) const {

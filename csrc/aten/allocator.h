@@ -14,7 +14,8 @@ class TpuAllocator final : public c10::DeviceAllocator {
   c10::DeleterFnPtr raw_deleter() const override { return nullptr; }
   void copy_data(void* dest, const void* src, std::size_t count) const override;
   bool initialized() override { return true; }
-  void emptyCache(c10::MempoolId_t) override {}
+  // XLA:CPU: returns the freed host memory the process keeps for reuse (pjrt.cc) to the OS.
+  void emptyCache(c10::MempoolId_t) override;
   void recordStream(const c10::DataPtr&, c10::Stream) override {}
   c10::CachingDeviceAllocator::DeviceStats getDeviceStats(c10::DeviceIndex device) override;
   void resetAccumulatedStats(c10::DeviceIndex device) override;

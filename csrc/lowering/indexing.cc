@@ -463,7 +463,8 @@ namespace {
 // self.index_*_(dim, index, source) as a scatter along dim; `source` has self's shape except
 // size len(index) at `dim`.
 Value index_scatter(Builder& b, Value self, int64_t dim, Value index, Value source,
-                    const std::string& combine, CheckKind kind, const std::string& prefix) {
+                    const std::string& combine, CheckKind kind, const std::string& prefix,
+                    const std::string& message = {}) {  // `message`: instead of prefix + oob()
   int64_t n = index.type.numel();
   if (n == 0) return self;
   Shape self_shape = self.shape();
@@ -480,11 +481,52 @@ Value index_scatter(Builder& b, Value self, int64_t dim, Value index, Value sour
   for (int64_t d = 0; d < self.rank(); ++d)
     if (d != dim) window.push_back(d);
   int64_t size = self.shape()[dim];
-  Value coords = with_vector_dim(b, wrap_index(b, index, size, {false, kind, oob(dim, size, prefix)}));
-  Value out = b.scatter(self, coords, source, window, {dim}, {dim}, 1, combine);
+  Value coords = with_vector_dim(b, wrap_index(b, index, size, {false, kind, message.empty() ? oob(dim, size, prefix) : message}));
+  Value out = do_scatter(b, self, coords, source, window, {dim}, {dim}, 1, combine);
   return b.reshape(out, self_shape);
 }
 }  // namespace
+
+// self.index_reduce_(dim, index, source, reduce, include_self): as CPU, indices must lie in
+// [0, size) (IndexError "index out of range in self"); include_self=False first resets the indexed
+// slices to the reduction's identity; mean divides by the count (self counted once when
+// included; a floor division for integers).
+TPU_LOWER_INDEXING(index_reduce) {
+  Value self = c.tensor("self");
+  const ElemType t = self.elem();
+  const int64_t dim = self.rank() == 0 ? 0 : norm_dim(c.int_("dim"), self.rank());
+  const std::string reduce = c.str("reduce");
+  const bool include_self = c.bool_("include_self", true);
+  Value index = c.tensor("index");
+  Value src = b.convert(c.tensor("source"), t);
+  const Shape& ss = src.shape();
+  auto scatter = [&](Value into, Value upd, const std::string& combine) {
+    return index_scatter(b, into, dim, index, upd, combine, CheckKind::Index, "", "index out of range in self");
+  };
+  if (reduce != "prod" && reduce != "mean" && reduce != "amax" && reduce != "amin")
+    throw Unsupported("index_reduce: reduce='" + reduce + "'");
+  if (t == ElemType::Pred) throw Unsupported("index_reduce on bool");
+  Value x = self;
+  if (!include_self) {
+    Value ident = reduce == "prod"   ? b.constant_i(1, t, ss)
+                  : reduce == "mean" ? b.constant_i(0, t, ss)
+                  : reduce == "amax" ? b.lowest(t, ss)
+                                     : b.highest(t, ss);
+    x = scatter(x, ident, "");
+  }
+  if (reduce != "mean") return {scatter(x, src, reduce == "prod" ? "multiply" : reduce == "amax" ? "maximum" : "minimum")};
+  Value sum = scatter(x, src, "add");
+  Value count = scatter(b.constant_i(include_self ? 1 : 0, t, self.shape()), b.constant_i(1, t, ss), "add");
+  Value zero = b.constant_i(0, t, self.shape()), one = b.constant_i(1, t, self.shape());
+  count = b.select(b.compare(Cmp::EQ, count, zero), one, count);
+  if (is_float(t)) {
+    const ElemType ot = opmath(t);
+    return {b.convert(b.div(b.convert(sum, ot), b.convert(count, ot)), t)};
+  }
+  Value q = b.div(sum, count), r = b.rem(sum, count);
+  Value adjust = b.and_(b.compare(Cmp::NE, r, zero), b.compare(Cmp::LT, sum, zero));
+  return {b.select(adjust, b.sub(q, one), q)};
+}
 
 TPU_LOWER_INDEXING(index_add) {
   Value self = c.tensor("self");

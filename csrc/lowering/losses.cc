@@ -144,7 +144,6 @@ TPU_LOWER(mse_loss_backward) {
   return {b.mul(b.mul(b.constant_f(norm, t, o.shape), d), g)};
 }
 
-}  // namespace tpu::lowering
 
 namespace tpu::lowering {
 
@@ -218,4 +217,91 @@ TPU_LOWER(binary_cross_entropy_backward) {
   return {r};
 }
 
+}  // namespace tpu::lowering
+
+// ------------------------------------------------------------------ multi_margin_loss
+// CPU's kernel (float/double): per sample, sum over classes d != y of max(0, margin - x[y] +
+// x[d])^p (p is 1 or 2) times weight[y], divided by C; a target outside [0, C) raises
+// "target out of range". The backward gives each such d h = g (p = 1) or 2 g z (p = 2) times
+// weight[y], and the target class minus their sum, with g = 1 / C (mean: 1 / (N C)).
+namespace {
+struct MarginLayout {
+  Value x;       // [N, C]
+  Value onehot;  // [N, C] pred: class == target
+  Value z;       // [N, C] margin - x[y] + x[d]
+  Value hinge;   // [N, C] pred: z > 0 and d != y
+  Value wy;      // [N] weight[y] (1 without weight)
+  Value p1;      // [N, C] pred: p == 1
+  int64_t N, C;
+};
+
+MarginLayout margin_layout(Builder& b, const OpCall& c, ElemType t) {
+  MarginLayout L;
+  Value x = b.convert(c.tensor("self"), t);
+  if (x.rank() <= 1) x = b.reshape(x, {1, x.rank() == 0 ? 1 : x.shape()[0]});
+  L.N = x.shape()[0];
+  L.C = x.shape()[1];
+  const Shape full{L.N, L.C};
+  Value tg = b.reshape(b.convert(c.tensor("target"), ElemType::S64), {L.N});
+  if (b.checking())
+    check(b, b.or_(b.compare(Cmp::LT, tg, b.constant_i(0, ElemType::S64, {L.N})),
+                   b.compare(Cmp::GE, tg, b.constant_i(L.C, ElemType::S64, {L.N}))),
+          CheckKind::Runtime, "target out of range");
+  L.onehot = b.compare(Cmp::EQ, b.iota(Type{ElemType::S64, full}, 1), b.broadcast_in_dim(tg, full, {0}));
+  auto pick = [&](Value v) {  // v[n, y_n]
+    return b.reduce(b.select(L.onehot, v, b.zeros(Type{t, full})), b.constant_i(0, t), {1}, "add");
+  };
+  Value xy = pick(x);
+  Value margin = b.broadcast_to(b.convert(operand(b, c.arg("margin"), t, {}), t), full);
+  L.z = b.add(b.sub(margin, b.broadcast_in_dim(xy, full, {0})), x);
+  L.hinge = b.and_(b.compare(Cmp::GT, L.z, b.zeros(Type{t, full})), b.not_(L.onehot));
+  L.wy = c.has("weight") ? pick(b.broadcast_in_dim(b.convert(c.tensor("weight"), t), full, {1}))
+                         : b.constant_f(1.0, t, {L.N});
+  Value p = b.convert(operand(b, c.arg("p"), t, {}), t);
+  L.p1 = b.broadcast_to(b.compare(Cmp::EQ, p, b.constant_f(1.0, t)), full);
+  L.x = x;
+  return L;
+}
+}  // namespace
+
+TPU_LOWER_CHECKED(multi_margin_loss) {
+  const Type& o = out_type(c);
+  if (!is_float(o.elem)) throw Unsupported("multi_margin_loss: non-float output");
+  const ElemType t = o.elem;
+  // PyTorch's meta function gives [1] where the CPU kernel returns a 0-d loss (1-D input, 0-d
+  // target, reduction none): the CPU runs that call, so the shape stays the CPU's.
+  if (c.int_("reduction", 1) == 0 && c.tensor("target").rank() == 0 && o.rank() == 1)
+    throw Unsupported("multi_margin_loss: the meta shape [1] differs from the CPU's 0-d loss");
+  MarginLayout L = margin_layout(b, c, t);
+  const Shape full{L.N, L.C};
+  Value h = b.select(L.p1, L.z, b.mul(L.z, L.z));
+  h = b.mul(h, b.broadcast_in_dim(L.wy, full, {0}));
+  Value per = b.reduce(b.select(L.hinge, h, b.zeros(Type{t, full})), b.constant_i(0, t), {1}, "add");
+  per = b.div(per, b.constant_f(static_cast<double>(L.C), t, {L.N}));
+  const int64_t red = c.int_("reduction", 1);
+  if (red == 0) return {fit(b, per, o)};
+  Value s = b.reduce(per, b.constant_i(0, t), {0}, "add");
+  if (red == 1) s = b.div(s, b.constant_f(static_cast<double>(L.N), t));
+  return {fit(b, s, o)};
+}
+
+TPU_LOWER(multi_margin_loss_backward) {
+  const Type& o = out_type(c);
+  if (!is_float(o.elem)) throw Unsupported("multi_margin_loss_backward: non-float output");
+  const ElemType t = o.elem;
+  MarginLayout L = margin_layout(b, c, t);
+  const Shape full{L.N, L.C};
+  const int64_t red = c.int_("reduction", 1);
+  const double g = red == 1 ? 1.0 / static_cast<double>(L.N * L.C) : 1.0 / static_cast<double>(L.C);
+  Value gv = b.constant_f(g, t, full);
+  Value h = b.select(L.p1, gv, b.mul(b.mul(b.constant_f(2.0, t, full), gv), L.z));
+  h = b.mul(h, b.broadcast_in_dim(L.wy, full, {0}));
+  h = b.select(L.hinge, h, b.zeros(Type{t, full}));
+  Value target_grad = b.neg(b.reduce(h, b.constant_i(0, t), {1}, "add"));
+  Value gi = b.select(L.onehot, b.broadcast_in_dim(target_grad, full, {0}), h);
+  Value go = b.convert(c.tensor("grad_output"), t);
+  if (red != 0 || go.rank() == 0) gi = b.mul(gi, b.broadcast_to(b.reshape(go, {}), full));
+  else gi = b.mul(gi, b.broadcast_in_dim(b.reshape(go, {L.N}), full, {0}));
+  return {fit(b, gi, o)};
+}
 }  // namespace tpu::lowering

@@ -1,7 +1,7 @@
 """Meta (shape) functions PyTorch lacks for ops torch_tpu lowers: the dispatch path takes output
 shapes from them. The fused RNN cell ops have CUDA kernels only upstream (csrc/lowering/rnn.cc):
 PyTorch has no meta for the GRU ones, and its LSTM one fails without biases (nn.LSTM(bias=False)).
-_logcumsumexp has CPU/CUDA kernels only (csrc/lowering/reduction.cc lowers it)."""
+_logcumsumexp and multi_margin_loss_backward have CPU/CUDA kernels only (csrc/lowering lowers them)."""
 
 from __future__ import annotations
 
@@ -42,6 +42,12 @@ def _logcumsumexp(self: torch.Tensor, dim: int) -> torch.Tensor:
     return torch.empty_like(self, memory_format=torch.contiguous_format)
 
 
+def _multi_margin_loss_backward(grad_output: torch.Tensor, self: torch.Tensor, target: torch.Tensor,
+                                p: float, margin: float, weight: torch.Tensor | None = None,
+                                reduction: int = 1) -> torch.Tensor:
+    return torch.empty_like(self, memory_format=torch.contiguous_format)
+
+
 def install() -> None:
     global _lib
     if _lib is not None:
@@ -51,3 +57,4 @@ def install() -> None:
     _lib.impl("_thnn_fused_gru_cell", _gru_cell, "Meta")
     _lib.impl("_thnn_fused_gru_cell_backward", _gru_cell_backward, "Meta")
     _lib.impl("_logcumsumexp", _logcumsumexp, "Meta")
+    _lib.impl("multi_margin_loss_backward", _multi_margin_loss_backward, "Meta")
