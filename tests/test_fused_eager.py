@@ -191,3 +191,22 @@ def test_factories_whose_scalars_decide_the_shape() -> None:
                     assert torch.full((2,), 1.5, device="tpu").dtype == dt
             finally:
                 torch.set_default_dtype(default)
+
+
+def test_fused_flush_reasons_are_counted() -> None:
+    def counts() -> dict[str, int]:
+        return dict(torch_tpu._C._fused_flush_stats())
+
+    a = torch.ones(16, device="tpu")
+    before = counts()
+    with set_eager_mode(EagerMode.DEFER_AND_FUSE):
+        x = a
+        for _ in range(100):  # 200 small ops: launched in inline pieces
+            x = x * 1.01 + 0.1
+        x.sum().item()  # a host read
+        y = a + 1  # pending when the mode is left
+    after = counts()
+    assert after["inline_split"] >= before["inline_split"] + 2
+    assert after["host_transfer"] == before["host_transfer"] + 1
+    assert after["synchronize"] == before["synchronize"] + 1
+    torch.testing.assert_close(y.cpu(), torch.full((16,), 2.0))

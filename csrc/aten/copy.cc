@@ -83,7 +83,7 @@ at::Tensor to_host(const at::Tensor& src) {
   if (!whole) {
     dev = empty_tpu_like(src, src.device().index());
     device_copy(dev, src);
-    fused_flush();  // the buffer is read below
+    fused_flush(runtime::FlushReason::HostTransfer);  // the buffer is read below
   }
   runtime::StorageState& ds = state_of(dev);
   runtime::prof::Range prof_range("d2h");  // a host sync
@@ -119,7 +119,7 @@ bool read_single_element(const at::Tensor& src, void* out) {
   runtime::StorageState& st = state_of(src);
   if (src.storage_offset() != 0 || st.nbytes != static_cast<size_t>(src.itemsize())) return false;
   runtime::Context::check_not_forked();  // as copy_into: a host read, a sync point
-  fused_flush();
+  fused_flush(runtime::FlushReason::HostTransfer);
   ElemType e = elem_of(src.scalar_type());
   raise_device_errors();
   if (!st.buffer || st.elem != e) return false;
@@ -135,7 +135,7 @@ void copy_into(const at::Tensor& dst, const at::Tensor& src) {
   bool dst_tpu = dst.device().type() == kTpu, src_tpu = src.device().type() == kTpu;
   runtime::Context::check_not_forked();  // host reads touch buffers without the client
   // Host transfers and cross-chip copies touch buffers directly: a sync point for fused eager.
-  if (!dst_tpu || !src_tpu || dst.device() != src.device()) fused_flush();
+  if (!dst_tpu || !src_tpu || dst.device() != src.device()) fused_flush(runtime::FlushReason::HostTransfer);
   if (dst_tpu) elem_of(dst.scalar_type());  // clear error for unsupported dtypes
   if (src_tpu) elem_of(src.scalar_type());
   if (!dst_tpu && src_tpu) {
@@ -174,7 +174,7 @@ void copy_into(const at::Tensor& dst, const at::Tensor& src) {
           static_cast<size_t>(src.numel()) * src.itemsize() == ss.nbytes)) {
       c = empty_tpu_like(src, src.device().index());
       device_copy(c, src);
-      fused_flush();  // the buffer is read below
+      fused_flush(runtime::FlushReason::HostTransfer);  // the buffer is read below
     }
     at::Tensor moved = empty_tpu_like(src, dst.device().index());
     auto& ctx = runtime::Context::get();

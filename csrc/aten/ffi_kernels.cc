@@ -38,6 +38,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -97,6 +98,13 @@ std::vector<int64_t> group_ends(const ffi::AnyBuffer& groups, bool sizes, int64_
 // inter-op pool thread, woken once per call, takes tasks from the same atomic counter. The caller
 // never waits for that thread to start: if it is not running, the caller does every task itself,
 // and only a task already taken is waited for.
+//
+// That last wait is the one cost of the helper: when the OS takes the core from it in the middle
+// of a task, the caller waits a scheduler slice (milliseconds on a loaded machine). In one process
+// at load ~9 (decode batch 64 shape) the two-thread call took 2-3x the wall time and 1.6x the CPU
+// time of the same tasks on the caller alone. So the caller times that wait: a wait longer than
+// two of its own tasks means the helper was descheduled, and the next calls run on the caller
+// alone (8, doubling to 256 while it recurs, halving back after calls without such a wait).
 
 // Sequential GEMMs on this thread for a scope: MKL's per-thread setting and OpenMP's per-thread
 // team size (oneDNN's bf16/f16 GEMM follows it). Looked up at run time, so a torch without MKL or
@@ -161,28 +169,62 @@ struct TaskState {
   std::mutex mu;
   std::string error;
 
-  void work() {
+  // Runs tasks until none is left; returns how many this thread ran.
+  int64_t work() {
     OneThreadGemms seq;
-    for (int64_t t; (t = next.fetch_add(1)) < total;) {
+    int64_t ran = 0;
+    for (int64_t t; (t = next.fetch_add(1)) < total; ++ran) {
       try {
         task(t);
       } catch (const std::exception& e) {
         std::lock_guard<std::mutex> lock(mu);
         if (error.empty()) error = e.what();
       }
-      done.fetch_add(1, std::memory_order_release);
+      if (done.fetch_add(1, std::memory_order_release) + 1 == total) done.notify_all();
     }
+    return ran;
   }
 };
+
+// Calls left to run on the caller alone, and the length of the next such run (see above).
+std::atomic<int> solo_calls{0}, solo_backoff{0};
+
+using Clock = std::chrono::steady_clock;
 
 void run_tasks(int64_t total, int64_t threads, std::function<void(int64_t)> task) {
   if (total <= 0) return;
   auto st = std::make_shared<TaskState>();
   st->total = total;
   st->task = std::move(task);
-  for (int64_t h = 1; h < std::min(threads, total); ++h) at::launch([st] { st->work(); });
-  st->work();
-  while (st->done.load(std::memory_order_acquire) < total) std::this_thread::yield();
+  int64_t helpers = std::min(threads, total) - 1;
+  if (helpers > 0 && solo_calls.load(std::memory_order_relaxed) > 0) {
+    solo_calls.fetch_sub(1, std::memory_order_relaxed);
+    helpers = 0;
+  }
+  for (int64_t h = 0; h < helpers; ++h) at::launch([st] { st->work(); });
+  const auto t0 = Clock::now();
+  const int64_t own = st->work();
+  if (st->done.load(std::memory_order_acquire) < total) {
+    // A helper still runs a task: spin briefly (it is usually mid-task on the other core), then sleep.
+    const auto t1 = Clock::now();
+    const auto per_task = own > 0 ? (t1 - t0) / own : std::chrono::microseconds(50);
+    for (int64_t d; (d = st->done.load(std::memory_order_acquire)) < total;) {
+      if (Clock::now() - t1 < std::chrono::microseconds(100)) {
+        std::this_thread::yield();
+      } else {
+        st->done.wait(d, std::memory_order_acquire);
+      }
+    }
+    if (Clock::now() - t1 > 2 * per_task + std::chrono::microseconds(20)) {
+      const int b = std::clamp(2 * solo_backoff.load(std::memory_order_relaxed), 8, 256);
+      solo_backoff.store(b, std::memory_order_relaxed);
+      solo_calls.store(b, std::memory_order_relaxed);
+    } else {
+      solo_backoff.store(solo_backoff.load(std::memory_order_relaxed) / 2, std::memory_order_relaxed);
+    }
+  } else if (helpers > 0) {
+    solo_backoff.store(solo_backoff.load(std::memory_order_relaxed) / 2, std::memory_order_relaxed);
+  }
   // The helpers' references into this call die here; drop the closure before returning.
   st->task = nullptr;
   if (!st->error.empty()) throw std::runtime_error(st->error);
@@ -191,7 +233,11 @@ void run_tasks(int64_t total, int64_t threads, std::function<void(int64_t)> task
 // Column parts per group: one per thread when the output is wide enough (>= 128 columns a part),
 // in multiples of 64 columns. Cutting N keeps the tasks equal whatever the group sizes; each
 // output element is still one dot product over K, so the result is the per-group mm's, bit for bit.
-int64_t column_parts(int64_t n, int64_t threads) {
+// bfloat16/float16 GEMMs go through oneDNN, whose setup costs ~20 us a call (a [16,512]x[512,512]
+// bf16 mm takes ~43 us): with at least two non-empty groups per thread, whole groups are the tasks
+// (A/B at load 4-5, decode batch 64 shape: median 1.5-3.5 ms vs 2.4-4.5 ms with column halves).
+int64_t column_parts(int64_t n, int64_t threads, int64_t groups, bool reduced) {
+  if (reduced && groups >= 2 * threads) return 1;
   return std::max<int64_t>(1, std::min<int64_t>(threads, n / 128));
 }
 
@@ -216,7 +262,8 @@ ffi::Error ragged_dot(ffi::AnyBuffer lhs, ffi::AnyBuffer rhs, ffi::AnyBuffer gro
     std::vector<int64_t> used;  // non-empty groups
     for (int64_t i = 0; i < g; ++i)
       if (e[i] > (i ? e[i - 1] : 0)) used.push_back(i);
-    const int64_t threads = gemm_threads(), parts = column_parts(n, threads);
+    const int64_t threads = gemm_threads();
+    const int64_t parts = column_parts(n, threads, static_cast<int64_t>(used.size()), a.element_size() < 4);
     run_tasks(static_cast<int64_t>(used.size()) * parts, threads, [&](int64_t t) {
       const int64_t i = used[t / parts], r0 = i ? e[i - 1] : 0;
       const auto [c0, c1] = part_columns(n, parts, t % parts);
@@ -242,7 +289,9 @@ ffi::Error ragged_dot_wgrad(ffi::AnyBuffer lhs, ffi::AnyBuffer grad, ffi::AnyBuf
     const int64_t m = a.size(0), g = y.size(0), n = y.size(2);
     TORCH_CHECK(static_cast<int64_t>(groups.element_count()) == g, "group count mismatch");
     const std::vector<int64_t> e = group_ends(groups, group_sizes != 0, m);
-    const int64_t threads = gemm_threads(), parts = column_parts(n, threads);
+    int64_t used = 0;
+    for (int64_t i = 0; i < g; ++i) used += e[i] > (i ? e[i - 1] : 0);
+    const int64_t threads = gemm_threads(), parts = column_parts(n, threads, used, a.element_size() < 4);
     run_tasks(g * parts, threads, [&](int64_t t) {
       const int64_t i = t / parts, r0 = i ? e[i - 1] : 0;
       const auto [c0, c1] = part_columns(n, parts, t % parts);

@@ -344,7 +344,7 @@ StagedInputs stage_inputs(const GraphDesc& d, const std::vector<at::Tensor>& inp
     if (!whole) {
       at::Tensor c = at::empty(t.sizes(), t.options().dtype(scalar_of(e)));
       copy_into(c, t);
-      fused_flush();  // the staged buffer is passed below
+      fused_flush(runtime::FlushReason::CompiledGraph);  // the staged buffer is passed below
       in.staged.push_back(c);
       st = &state_of(c);
     }
@@ -409,12 +409,12 @@ void write_back_mutations(const GraphDesc& d, const std::vector<at::Tensor>& inp
     ts.buffer = buf;
     ts.elem = e;
     copy_into(t, tmp);
-    fused_flush();
+    fused_flush(runtime::FlushReason::CompiledGraph);
   }
 }
 
 std::vector<at::Tensor> run_graph(int64_t id, at::TensorList given) {
-  fused_flush();  // inputs may have pending fused values
+  fused_flush(runtime::FlushReason::CompiledGraph);  // inputs may have pending fused values
   std::shared_ptr<Graph> g;
   {
     std::lock_guard<std::mutex> lock(graphs_mu);

@@ -78,14 +78,14 @@ c10::DeviceIndex TpuGuardImpl::deviceCount() const noexcept {
 // Done = nothing pending and nothing in flight: fused eager's pending ops are launched (not
 // waited for) first, so a query never reports unlaunched work as finished.
 bool TpuGuardImpl::queryStream(const c10::Stream&) const {
-  fused_flush();
+  fused_flush(runtime::FlushReason::Synchronize);
   return runtime::Executor::get().idle();
 }
 
 void TpuGuardImpl::synchronizeStream(const c10::Stream&) const { runtime::Executor::get().synchronize(); }
 
 void TpuGuardImpl::synchronizeDevice(const c10::DeviceIndex) const {
-  fused_flush();
+  fused_flush(runtime::FlushReason::Synchronize);
   runtime::Executor::get().synchronize();
 }
 
@@ -98,7 +98,7 @@ void TpuGuardImpl::record(void** event, const c10::Stream&, const c10::DeviceInd
   }
   auto* e = static_cast<TpuEvent*>(*event);
   if (e->timing) {
-    fused_flush();
+    fused_flush(runtime::FlushReason::Synchronize);
     runtime::Executor::get().synchronize();
   }
   e->at = std::chrono::steady_clock::now();
@@ -118,7 +118,7 @@ double TpuGuardImpl::elapsedTime(void* start, void* end, const c10::DeviceIndex)
 void TpuGuardImpl::block(void*, const c10::Stream&) const {}
 
 bool TpuGuardImpl::queryEvent(void*) const {
-  fused_flush();
+  fused_flush(runtime::FlushReason::Synchronize);
   return runtime::Executor::get().idle();
 }
 

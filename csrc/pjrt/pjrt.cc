@@ -468,4 +468,14 @@ const std::string& portable_compile_options() {
   return opts;
 }
 
+const std::string& no_fma_compile_options() {
+  // CompileOptionsProto field 7 (env_option_overrides, map<string, OptionOverrideProto>): one
+  // entry {1: key, 2: OptionOverrideProto{1 (string_field): value}}.
+  static const std::string opts = [] {
+    auto field = [](char tag, const std::string& bytes) { return std::string(1, tag) + char(bytes.size()) + bytes; };
+    return field('\x3a', field('\x0a', "xla_cpu_max_isa") + field('\x12', field('\x0a', "AVX")));
+  }();
+  return opts;
+}
+
 }  // namespace tpu::pjrt

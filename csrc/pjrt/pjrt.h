@@ -158,4 +158,11 @@ class Client {
 // client given execute_device), one replica, one partition. See compile_options() for the bytes.
 const std::string& portable_compile_options();
 
+// Serialized xla.CompileOptionsProto fields (CompileCache's `extra_options`) that keep XLA:CPU
+// from contracting a * b + c into one fused multiply-add across ops. Its LLVM target options
+// always allow FMA fusion (xla/service/cpu CompilerTargetOptions: AllowFPOpFusion = Fast; fast-math
+// flags do not change it), so the only switch is the instruction set: env_option_overrides
+// {xla_cpu_max_isa: "AVX"} (AVX has no FMA). Fused eager programs use it (runtime/executor.cc).
+const std::string& no_fma_compile_options();
+
 }  // namespace tpu::pjrt

@@ -283,9 +283,17 @@ PYBIND11_MODULE(_C, m) {
     return d;
   });
   m.def("_fused_flush", [] { tpu::aten::fused_flush(); });
+  // Pending fused programs launched so far, by reason (runtime/executor.h FlushReason).
+  m.def("_fused_flush_stats", [] {
+    py::dict d;
+    auto counts = tpu::runtime::fused_flush_counts();
+    for (size_t i = 0; i < counts.size(); ++i)
+      d[tpu::runtime::flush_reason_name(static_cast<tpu::runtime::FlushReason>(i))] = counts[i];
+    return d;
+  });
   m.def("_synchronize", [] {
     py::gil_scoped_release nogil;
-    tpu::aten::fused_flush();
+    tpu::aten::fused_flush(tpu::runtime::FlushReason::Synchronize);
     tpu::runtime::Executor::get().synchronize();
     try {
       tpu::runtime::check_device_errors();
@@ -294,7 +302,7 @@ PYBIND11_MODULE(_C, m) {
     }
   });
   m.def("_set_eager_mode", [](int mode) {
-    tpu::aten::fused_flush();  // leaving or entering fused mode is a sync point
+    tpu::aten::fused_flush(tpu::runtime::FlushReason::Synchronize);  // leaving/entering fused mode
     Context::get().set_mode(static_cast<tpu::runtime::EagerMode>(mode));
   });
   m.def("_get_eager_mode", [] { return static_cast<int>(Context::get().mode()); });

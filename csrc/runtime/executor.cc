@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <optional>
+#include <iterator>
 #include <unordered_map>
 
 #include "compile_cache.h"
@@ -264,6 +265,18 @@ bool split_small_programs() {
   return on;
 }
 
+// PyTorch rounds every op's result; XLA:CPU contracts one op's multiply into the next op's add
+// (FMA). TORCH_TPU_FUSED_FMA=0 compiles fused programs without FMA (pjrt::no_fma_compile_options)
+// for CPU-exact rounding; not the default: the 64x4096 GELU block runs ~1.5x slower without it.
+const std::string& fused_compile_options() {
+  static const std::string none;
+  static const bool no_fma = [] {
+    const char* v = std::getenv("TORCH_TPU_FUSED_FMA");
+    return v && std::string(v) == "0";
+  }();
+  return no_fma ? pjrt::no_fma_compile_options() : none;
+}
+
 int64_t op_flops(const Plan& plan) {
   int64_t n = 0;
   for (const Slot& s : plan.slots) n = std::max(n, s.numel);
@@ -350,8 +363,11 @@ struct PendingReset {
   }
 };
 
-void flush_locked(Pending& p) {
+std::atomic<int64_t> flush_counts[static_cast<int>(FlushReason::kCount)];
+
+void flush_locked(Pending& p, FlushReason why) {
   if (p.ops.empty()) return;
+  flush_counts[static_cast<int>(why)].fetch_add(1, std::memory_order_relaxed);
   PendingReset reset{p};
   // The signature key: the trace key's words, then the results (live written storages).
   p.targets.clear();
@@ -368,7 +384,7 @@ void flush_locked(Pending& p) {
   if (!program) {
     program = cache.get_or_compile_program(build_trace(p, p.targets),
                                            "fused graph (" + std::to_string(p.ops.size()) + " ops)",
-                                           "new fused graph structure");
+                                           "new fused graph structure", fused_compile_options());
     cache.remember_signature(key, program);
   }
   p.raw_args.clear();
@@ -407,10 +423,10 @@ void fused_record(const Call& call) {
   const int64_t flops = op_flops(plan);
   Pending& p = pending();
   std::lock_guard<std::mutex> lock(p.mu);
-  if (!p.ops.empty() && p.device != call.device) flush_locked(p);
+  if (!p.ops.empty() && p.device != call.device) flush_locked(p, FlushReason::DeviceChange);
   if (p.ops.size() >= kMinPieceOps && split_small_programs() && flops < kInlineFlopBudget &&
       p.flops < kInlineFlopBudget && p.flops + flops >= kInlineFlopBudget)
-    flush_locked(p);  // the pending piece still runs inline; this op starts the next one
+    flush_locked(p, FlushReason::InlineSplit);  // the pending piece runs inline; this op starts the next
   p.flops += flops;
   p.device = call.device;
   const uint64_t epoch = p.epoch.load(std::memory_order_relaxed);  // only flushes change it
@@ -455,7 +471,7 @@ void fused_record(const Call& call) {
   if (checked) p.checks.push_back({0, plan.what, site});  // part of the trace key: one more result
   p.ops.push_back({call.plan, first_id});
   dispatch_stats().ops++;
-  if (p.ops.size() >= kMaxFusedOps) flush_locked(p);
+  if (p.ops.size() >= kMaxFusedOps) flush_locked(p, FlushReason::SizeLimit);
 }
 
 }  // namespace
@@ -465,10 +481,23 @@ void execute(const Call& call, ProgramPtr* program, const MissReason& miss_reaso
   else run_strict(call, program, miss_reason);  // debug mode waits inside Executor::launch
 }
 
-void fused_flush() {
+void fused_flush(FlushReason why) {
   Pending& p = pending();
   std::lock_guard<std::mutex> lock(p.mu);
-  flush_locked(p);
+  flush_locked(p, why);
+}
+
+const char* flush_reason_name(FlushReason r) {
+  static const char* names[] = {"other", "host_transfer", "compiled_graph", "synchronize",
+                                "inline_split", "size_limit", "device_change"};
+  static_assert(std::size(names) == static_cast<size_t>(FlushReason::kCount));
+  return names[static_cast<int>(r)];
+}
+
+std::vector<int64_t> fused_flush_counts() {
+  std::vector<int64_t> out;
+  for (const auto& c : flush_counts) out.push_back(c.load(std::memory_order_relaxed));
+  return out;
 }
 
 void fused_forget(StorageState* st) {

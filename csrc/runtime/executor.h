@@ -44,7 +44,20 @@ class Executor {
 void execute(const Call& call, ProgramPtr* program, const MissReason& miss_reason);
 
 // Fused eager: launches the pending program (a sync point); forgets a dying storage.
-void fused_flush();
+// Why a pending program was launched, counted per reason (fused_flush_counts) when it had ops.
+enum class FlushReason : int {
+  Other = 0,      // a sync point that names none (storage resize, dtype change, jax_call, ...)
+  HostTransfer,   // a host read or upload, .item(), a cross-chip copy
+  CompiledGraph,  // a compiled graph reads or writes the storages
+  Synchronize,    // synchronize(), stream/event queries, leaving or entering fused mode
+  InlineSplit,    // launched early so each piece runs inline on XLA:CPU (< 1,000 flops)
+  SizeLimit,      // 512 recorded ops
+  DeviceChange,   // an op on another device
+  kCount
+};
+const char* flush_reason_name(FlushReason r);
+std::vector<int64_t> fused_flush_counts();  // indexed by FlushReason
+void fused_flush(FlushReason why = FlushReason::Other);
 void fused_forget(StorageState* st);
 
 // Gives a storage that was never written a zero buffer of `numel` x `elem` (PyTorch's fresh

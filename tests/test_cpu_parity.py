@@ -1,0 +1,102 @@
+"""Results that equal PyTorch CPU exactly (not within a tolerance): fused eager with
+TORCH_TPU_FUSED_FMA=0 rounds each op as CPU does (no FMA contraction across ops), and ops that used
+to run on the CPU fallback are lowered with CPU's own edge-case rules."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+import torch.nn.functional as F
+import torch_tpu
+
+
+@pytest.fixture
+def no_fallback():
+    torch_tpu.reset_fallback_stats()
+    yield
+    assert torch_tpu.fallback_stats() == {}
+
+
+_CONTRACTION = """
+import torch, torch_tpu
+a = torch.randn(1000, generator=torch.Generator().manual_seed(0)).to("tpu")
+with torch_tpu.set_eager_mode(torch_tpu.EagerMode.DEFER_AND_FUSE):
+    b = a * 0.9
+    c = torch.where(b > -100, b, b)
+    print((c - a * 0.9).abs().max().item())
+"""
+
+
+def test_fused_eager_without_fma_rounds_each_op_like_cpu() -> None:
+    # c holds a * 0.9 rounded; c - a * 0.9 is exactly 0 on CPU. XLA:CPU contracts the second
+    # product into the subtraction (one FMA keeps it unrounded: 1.2e-7) unless
+    # TORCH_TPU_FUSED_FMA=0 (read once per process, hence the subprocess).
+    env = {**os.environ, "TORCH_TPU_FUSED_FMA": "0"}
+    out = subprocess.run([sys.executable, "-c", _CONTRACTION], env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert float(out.stdout.split()[-1]) == 0.0
+
+
+def test_tril_triu_indices_equal_cpu(no_fallback: None) -> None:
+    for row, col in [(0, 3), (1, 1), (3, 5), (5, 3), (4, 4), (7, 2), (2, 9)]:
+        for offset in range(-8, 9, 3):
+            for f in (torch.tril_indices, torch.triu_indices):
+                expected = f(row, col, offset)
+                assert torch.equal(f(row, col, offset, device="tpu").cpu(), expected), (f, row, col, offset)
+    assert torch.equal(torch.triu_indices(2000, 3000, 7, device="tpu").cpu(), torch.triu_indices(2000, 3000, 7))
+
+
+def test_logcumsumexp_infinities_and_nan_like_cpu(no_fallback: None) -> None:
+    inf, nan = float("inf"), float("nan")
+    x = torch.tensor([[0.0, -inf, -inf, 1.0, inf, inf, 2.0, nan, 3.0], [-inf] * 4 + [5.0, -inf, 1e30, -1e30, 0.5]])
+    torch.testing.assert_close(torch.logcumsumexp(x.to("tpu"), 1).cpu(), torch.logcumsumexp(x, 1), equal_nan=True)
+    with pytest.raises(IndexError, match="Dimension out of range"):
+        torch.logcumsumexp(x.to("tpu"), 2)
+
+
+def test_logspace_matches_cpu(no_fallback: None) -> None:
+    for start, end, steps in [(0, 2, 5), (-1, 3, 7), (2, 2, 1), (1.5, -2.5, 9)]:
+        for dtype in (torch.float32, torch.float64, torch.int64):
+            for base in (10.0, 2.5):
+                expected = torch.logspace(start, end, steps, base=base, dtype=dtype)
+                got = torch.logspace(start, end, steps, base=base, dtype=dtype, device="tpu").cpu()
+                torch.testing.assert_close(got, expected, rtol=1e-6, atol=0)
+
+
+def test_index_reduce_nan_and_index_errors_like_cpu(no_fallback: None) -> None:
+    x = torch.tensor([[1.0, float("nan")], [2.0, 3.0]])
+    src = torch.tensor([[float("nan"), 1.0], [5.0, 2.0]])
+    idx = torch.tensor([0, 0])
+    for reduce in ("amax", "amin", "prod", "mean"):
+        for include_self in (True, False):
+            expected = x.index_reduce(0, idx, src, reduce, include_self=include_self)
+            got = x.to("tpu").index_reduce(0, idx.to("tpu"), src.to("tpu"), reduce, include_self=include_self)
+            torch.testing.assert_close(got.cpu(), expected, equal_nan=True)
+    ints = torch.tensor([5, -7, 3]).to("tpu").index_reduce(0, torch.tensor([0, 1, 1], device="tpu"),
+                                                          torch.tensor([2, 2, 2], device="tpu"), "mean")
+    assert ints.cpu().tolist() == [3, -1, 3]  # floor division, as CPU
+    with pytest.raises(IndexError, match="index out of range in self"):
+        torch.zeros(3, 2, device="tpu").index_reduce(0, torch.tensor([0, -1], device="tpu"),
+                                                     torch.ones(2, 2, device="tpu"), "amax").cpu()
+
+
+@pytest.mark.parametrize("p", [1, 2])
+def test_multi_margin_loss_and_grad_like_cpu(p: int, no_fallback: None) -> None:
+    torch.manual_seed(0)
+    x = torch.randn(5, 4, dtype=torch.float64, requires_grad=True)
+    target, weight = torch.tensor([0, 3, 1, 2, 3]), torch.rand(4, dtype=torch.float64)
+    xt = x.detach().to("tpu").requires_grad_()
+    for reduction in ("none", "mean", "sum"):
+        expected = F.multi_margin_loss(x, target, p, 0.7, weight, reduction=reduction)
+        got = F.multi_margin_loss(xt, target.to("tpu"), p, 0.7, weight.to("tpu"), reduction=reduction)
+        torch.testing.assert_close(got.cpu(), expected)
+        grad = torch.rand(expected.shape, dtype=torch.float64)
+        (ge,) = torch.autograd.grad(expected, x, grad)
+        (gt,) = torch.autograd.grad(got, xt, grad.to("tpu"))
+        torch.testing.assert_close(gt.cpu(), ge)
+    with pytest.raises(RuntimeError, match="target out of range"):
+        F.multi_margin_loss(xt.detach(), torch.tensor([0, 4, 1, 2, 3], device="tpu"), p).cpu()
