@@ -48,6 +48,14 @@ def test_float_bitwise(dtype: torch.dtype) -> None:
     assert bool(_same_bits(y.cpu(), x.pow(-2.0)).all())
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_low_precision_special_values(dtype: torch.dtype) -> None:
+    # bf16: CPU's sqrt/rsqrt forms; f16: CPU's pow, at 0, -0, 1, -1, inf, -inf, nan.
+    x = _inputs(dtype)[-10:-3]
+    for e in [0.5, -0.5, -1.0]:
+        assert bool(_same_bits(torch.pow(x.to("tpu"), e).cpu(), torch.pow(x, e)).all()), (dtype, e)
+
+
 def test_int_tensor_unchanged() -> None:
     x = torch.arange(-4, 5, dtype=torch.int64)
     xd = x.to("tpu")

@@ -177,12 +177,19 @@ TPU_LOWER_WITH(pow, .elementwise = true, .checked = true) {
   // f32/f64/bf16 and 1/(x*x) for f32/f64; the same forms give its bits (sqrt(-0) = -0,
   // sqrt(-inf) = nan), and run far faster than XLA:CPU's per-element pow.
   const Arg& e = c.arg("exponent");
-  if (e.scalar_value && (t == ElemType::F32 || t == ElemType::F64 || t == ElemType::BF16)) {
+  const ElemType r = c.common;  // t is its opmath: f32 for bf16 and f16
+  if (e.scalar_value && (r == ElemType::F32 || r == ElemType::F64 || r == ElemType::BF16)) {
     const double p = *e.scalar_value;
     if (p == 0.5) return {b.sqrt(x)};
     if (p == -0.5) return {b.div(like_const(b, 1, x), b.sqrt(x))};
     if (p == -1.0) return {b.div(like_const(b, 1, x), x)};
-    if (p == -2.0 && t != ElemType::BF16) return {b.div(like_const(b, 1, x), b.mul(x, x))};
+    if (p == -2.0 && r != ElemType::BF16) return {b.div(like_const(b, 1, x), b.mul(x, x))};
+  }
+  if (e.scalar_value && r == ElemType::F16 && (*e.scalar_value == 0.5 || *e.scalar_value == -0.5)) {
+    // CPU's f16 kernel is pow itself, but XLA rewrites pow by a constant +-0.5 to sqrt/rsqrt, which
+    // differ from pow at -0 and -inf only: those take |x| (pow's value there).
+    Value fix = b.or_(b.compare(Cmp::EQ, x, like_const(b, 0, x)), b.compare(Cmp::EQ, x, like_const(b, -INFINITY, x)));
+    x = b.select(fix, b.abs(x), x);
   }
   return {is_float(t) ? b.pow(x, y) : int_pow(b, x, y)};
 }
