@@ -225,12 +225,7 @@ bool flattenable(const lowering::OpEntry& entry, const std::vector<NamedArg>& ar
 // cache keeps the plan).
 bool emits_checks(const Plan& plan) {
   shlo::Builder b;
-  std::vector<Value> cur(plan.slots.size());
-  for (size_t i = 0; i < plan.slots.size(); ++i)
-    if (plan.slots[i].read) cur[i] = b.arg(Type{plan.slots[i].elem, {plan.slots[i].numel}});
-  std::vector<Value> host_vals;
-  for (const HostOperand& h : plan.host) host_vals.push_back(b.arg(Type{h.elem, h.dims()}));
-  runtime::emit_op(b, cur, host_vals, plan);  // checking on: plan.checked is still true here
+  runtime::emit_strict_body(b, plan);  // checking on: plan.checked is still true here
   return b.has_errors();
 }
 

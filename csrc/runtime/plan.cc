@@ -113,14 +113,19 @@ void emit_op(shlo::Builder& b, std::vector<Value>& cur, const std::vector<Value>
   }
 }
 
-std::string build_program(const Plan& plan) {
-  shlo::Builder b;
+std::vector<Value> emit_strict_body(shlo::Builder& b, const Plan& plan) {
   std::vector<Value> cur(plan.slots.size());
   for (size_t i = 0; i < plan.slots.size(); ++i)
     if (plan.slots[i].read) cur[i] = b.arg(Type{plan.slots[i].elem, {plan.slots[i].numel}});
   std::vector<Value> host_vals;
   for (const HostOperand& h : plan.host) host_vals.push_back(b.arg(Type{h.elem, h.dims()}));
   emit_op(b, cur, host_vals, plan);
+  return cur;
+}
+
+std::string build_program(const Plan& plan) {
+  shlo::Builder b;
+  std::vector<Value> cur = emit_strict_body(b, plan);
   std::vector<Value> results;
   for (size_t i = 0; i < plan.slots.size(); ++i) {
     if (!plan.slots[i].written) continue;

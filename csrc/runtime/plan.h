@@ -113,8 +113,12 @@ void key_tensor(std::string& key, const TensorRef& r, const Slot& s);
 void emit_op(shlo::Builder& b, std::vector<shlo::Value>& cur, const std::vector<shlo::Value>& host_vals,
              const Plan& plan);
 
-// The whole program of a strict launch: arguments = read slots then host operands; results =
-// written slots (donated when also read).
+// The body of a strict launch's program: arguments = read slots then host operands, then the op.
+// Returns the storage values after the op (`cur` of emit_op).
+std::vector<shlo::Value> emit_strict_body(shlo::Builder& b, const Plan& plan);
+
+// The whole program of a strict launch: emit_strict_body; results = written slots (donated when
+// also read).
 std::string build_program(const Plan& plan);
 
 }  // namespace tpu::runtime
