@@ -63,7 +63,10 @@ def test_second_process_hits_aot_autograd_and_dynamo_caches(tmp_path: Path) -> N
     assert [(t["aot"], t["xla"]) for t in warm["False"]["tiers"]] == [("aot_cache", "xla_disk")]
     # warm, caching precompile: the Dynamo frame is installed from disk too (nothing traced)
     assert warm["True"]["dynamo"].get("dynamo_cache_hit") == 1
+    # ... and its program is not compiled again: the rebuilt graph gets the same default XLA options
+    # (compile.graph_defaults) as the saving process, so the program key matches
     assert [t["aot"] for t in warm["True"]["tiers"]] == ["aot_cache"]
+    assert all(t["xla"] in ("xla_memory", "xla_disk") for t in warm["True"]["tiers"]), warm["True"]["tiers"]
     # training: the forward and backward programs, both from AOTAutogradCache in the warm process
     assert [(t["aot"], t["xla"]) for t in cold["train"]["tiers"]] == [("traced", "xla_compiled")] * 2
     assert [(t["aot"], t["xla"]) for t in warm["train"]["tiers"]] == [("aot_cache", "xla_disk")] * 2

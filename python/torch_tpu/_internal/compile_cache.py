@@ -86,6 +86,18 @@ def aot_cache(xla: bytes) -> Iterator[None]:
         _XLA.pop()
 
 
+def _load_options() -> bytes:
+    """The XLA options a cached graph is rebuilt with: those of the backend call in progress, else
+    (caching precompile: Dynamo loads its package without calling the backend) the options a call
+    without `options=` gets, so the program key matches the one the saving process compiled."""
+    if len(_XLA) > 1:
+        return _XLA[-1]
+    from torch_tpu._internal import compile as tpu_compile
+    from torch_tpu._internal import xla_options
+
+    return xla_options.encode({**tpu_compile.graph_defaults(), **xla_options.current()})
+
+
 class TpuOutputCode(OutputCode):
     """A compiled tpu graph as AOTAutograd sees it: called boxed, picklable when the graph is one
     program without jax_op calls (split and op-by-op graphs bypass the cache)."""
@@ -146,7 +158,7 @@ class TpuOutputCode(OutputCode):
         desc, spec, consts = pickle.loads(self._payload)  # noqa: S301 - our own cache entry
         tpu_compile._AOT_TIER[0] = "aot_cache"
         try:
-            self._fn = tpu_compile._Program.rebuild({**desc, "compile_options": _XLA[-1]}, spec, consts,
+            self._fn = tpu_compile._Program.rebuild({**desc, "compile_options": _load_options()}, spec, consts,
                                                     tpu_compile._tpu_device(example_inputs))
         finally:
             tpu_compile._AOT_TIER[0] = "traced"
