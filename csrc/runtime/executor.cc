@@ -373,12 +373,12 @@ void flush_locked(Pending& p, FlushReason why) {
   p.targets.clear();
   for (int id : p.written)
     if (p.storages[id].st) p.targets.push_back(id);  // a storage that died is not a result
+  if (p.targets.empty()) return;  // nothing observable was computed
   std::string& key = p.key_text;
   key.assign("fused trace\n");  // never equal to an op's signature key
   key.append(reinterpret_cast<const char*>(p.key.data()), p.key.size() * sizeof(uint64_t));
   key += '>';
   key.append(reinterpret_cast<const char*>(p.targets.data()), p.targets.size() * sizeof(int));
-  if (p.targets.empty()) return;  // nothing observable was computed
   auto& cache = CompileCache::get();
   ProgramPtr program = cache.find_signature(key);
   if (!program) {
