@@ -100,3 +100,42 @@ def test_multi_margin_loss_and_grad_like_cpu(p: int, no_fallback: None) -> None:
         torch.testing.assert_close(gt.cpu(), ge)
     with pytest.raises(RuntimeError, match="target out of range"):
         F.multi_margin_loss(xt.detach(), torch.tensor([0, 4, 1, 2, 3], device="tpu"), p).cpu()
+
+
+def test_median_kthvalue_nan_rules_like_cpu(no_fallback: None) -> None:
+    # median: a row with NaN gives NaN and the index of its first NaN; nanmedian skips NaNs
+    # (all-NaN row: NaN); kthvalue orders NaN above every number.
+    nan = float("nan")
+    x = torch.tensor([[3.0, 1.0, 2.0, -0.0, 5.0], [nan, 1.0, nan, 0.0, 2.0], [nan] * 5, [4.0, nan, -1.0, 7.0, 8.0]])
+    t = x.to("tpu")
+    for got, want in ((torch.median(t, 1), torch.median(x, 1)), (torch.median(t, 0, keepdim=True), torch.median(x, 0, keepdim=True))):
+        torch.testing.assert_close(got.values.cpu(), want.values, equal_nan=True, rtol=0, atol=0)
+        assert torch.equal(got.indices.cpu(), want.indices)
+    got, want = torch.kthvalue(t, 4, 1), torch.kthvalue(x, 4, 1)  # which of several NaNs: unspecified
+    torch.testing.assert_close(got.values.cpu(), want.values, equal_nan=True, rtol=0, atol=0)
+    torch.testing.assert_close(x.gather(1, got.indices.cpu()[:, None])[:, 0], want.values, equal_nan=True, rtol=0, atol=0)
+    torch.testing.assert_close(torch.nanmedian(t, 1).values.cpu(), torch.nanmedian(x, 1).values, equal_nan=True)
+    assert torch.median(t).isnan().item() and torch.nanmedian(t).item() == torch.nanmedian(x).item()
+    assert torch.median(t[0]).item() == 2.0 and str(torch.median(t[0, 3:4]).item()) == "-0.0"
+    with pytest.raises(RuntimeError, match="out of range"):
+        torch.kthvalue(t, 6, 1)
+
+
+def test_binary_cross_entropy_like_cpu(no_fallback: None) -> None:
+    g = torch.Generator().manual_seed(0)
+    x = torch.rand(6, 5, generator=g).index_put_((torch.tensor([0, 1]), torch.tensor([0, 1])), torch.tensor([0.0, 1.0]))
+    y, w = torch.rand(6, 5, generator=g), torch.rand(5, generator=g)
+    for red in ("none", "mean", "sum"):
+        xt = x.to("tpu").requires_grad_()
+        got = F.binary_cross_entropy(xt, y.to("tpu"), weight=w.to("tpu"), reduction=red)
+        xc = x.clone().requires_grad_()
+        want = F.binary_cross_entropy(xc, y, weight=w, reduction=red)
+        torch.testing.assert_close(got.cpu(), want)  # log terms clamped at -100 at 0 and 1
+        got.sum().backward()
+        want.sum().backward()
+        torch.testing.assert_close(xt.grad.cpu(), xc.grad)
+    for bad in (torch.tensor([1.5, 0.5]), torch.tensor([float("nan"), 0.5])):
+        with pytest.raises(RuntimeError, match="input should be between 0 and 1"):
+            F.binary_cross_entropy(bad.to("tpu"), torch.tensor([0.0, 1.0], device="tpu")).item()
+    with pytest.raises(RuntimeError, match="target should be between 0 and 1"):
+        F.binary_cross_entropy(torch.tensor([0.5], device="tpu"), torch.tensor([2.0], device="tpu")).item()
