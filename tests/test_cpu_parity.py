@@ -139,3 +139,20 @@ def test_binary_cross_entropy_like_cpu(no_fallback: None) -> None:
             F.binary_cross_entropy(bad.to("tpu"), torch.tensor([0.0, 1.0], device="tpu")).item()
     with pytest.raises(RuntimeError, match="target should be between 0 and 1"):
         F.binary_cross_entropy(torch.tensor([0.5], device="tpu"), torch.tensor([2.0], device="tpu")).item()
+
+
+def test_grid_sample_like_cpu(no_fallback: None) -> None:
+    # Coordinates reach outside [-1, 1] so every padding mode matters; bfloat16 follows CPU's
+    # scalar kernel step by step (bitwise), float32 its vectorized one (within rounding).
+    g = torch.Generator().manual_seed(0)
+    for dt in (torch.float32, torch.bfloat16):
+        x = torch.randn(2, 3, 5, 7, generator=g).to(dt)
+        grid = (torch.rand(2, 4, 6, 2, generator=g) * 3 - 1.5).to(dt)
+        for mode in ("bilinear", "nearest", "bicubic"):
+            for pad, align in (("zeros", False), ("border", True), ("reflection", False), ("reflection", True)):
+                want = F.grid_sample(x, grid, mode=mode, padding_mode=pad, align_corners=align)
+                got = F.grid_sample(x.to("tpu"), grid.to("tpu"), mode=mode, padding_mode=pad, align_corners=align)
+                if dt == torch.bfloat16:
+                    assert torch.equal(got.cpu(), want), (mode, pad, align)
+                else:
+                    torch.testing.assert_close(got.cpu(), want, rtol=1e-5, atol=1e-5)
