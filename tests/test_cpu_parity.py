@@ -156,3 +156,16 @@ def test_grid_sample_like_cpu(no_fallback: None) -> None:
                     assert torch.equal(got.cpu(), want), (mode, pad, align)
                 else:
                     torch.testing.assert_close(got.cpu(), want, rtol=1e-5, atol=1e-5)
+
+
+def test_grid_sample_gradients_like_cpu(no_fallback: None) -> None:
+    g = torch.Generator().manual_seed(1)
+    x, grid = torch.randn(2, 3, 5, 7, generator=g), torch.rand(2, 4, 6, 2, generator=g) * 3 - 1.5
+    go = torch.randn(2, 3, 4, 6, generator=g)
+    for mode, pad, align in (("bilinear", "zeros", False), ("bilinear", "reflection", True), ("nearest", "border", False)):
+        grads = []
+        for dev in ("cpu", "tpu"):
+            xi, gi = x.to(dev).requires_grad_(), grid.to(dev).requires_grad_()
+            F.grid_sample(xi, gi, mode=mode, padding_mode=pad, align_corners=align).backward(go.to(dev))
+            grads.append((xi.grad.cpu(), gi.grad.cpu()))
+        torch.testing.assert_close(grads[1], grads[0], rtol=1e-5, atol=1e-5)

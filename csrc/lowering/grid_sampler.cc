@@ -8,9 +8,11 @@
 // (grid_sampler_2d_cpu_fallback), whose every step rounds to the half type.
 #include <cmath>
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #include "lowering.h"
+#include "shape_util.h"
 
 namespace tpu::lowering {
 namespace {
@@ -58,15 +60,55 @@ struct Sampler {
       return clip(align ? reflect(x, 0, 2 * (size - 1)) : reflect(x, -1, 2 * size - 1), size);
     return x;
   }
-  // The input rows at integer-valued float coordinates (x, y) as [N, P, C]; 0 outside the image.
-  Value tap(Value x, Value y) const {
+  // (pad(x), d pad(x) / dx): compute_coordinates_set_grad. Clipping passes gradient only
+  // strictly inside (0, size - 1); reflection flips its sign on odd reflections.
+  std::pair<Value, Value> clip_with_grad(Value x, int64_t size) const {
+    Value edge = b.or_(b.compare(Cmp::LE, x, k(0)), b.compare(Cmp::GE, x, k(static_cast<double>(size - 1))));
+    return {clip(x, size), b.select(edge, k(0), k(1))};
+  }
+  std::pair<Value, Value> reflect_with_grad(Value x, int64_t twice_low, int64_t twice_high) const {
+    if (twice_low == twice_high) return {k(0), k(0)};
+    double lo = twice_low / 2.0, span = (twice_high - twice_low) / 2.0;
+    Value d = b.sub(x, k(lo));
+    Value sign = b.select(b.compare(Cmp::LT, d, k(0)), k(-1), k(1));
+    Value in = b.abs(d);
+    Value extra = b.rem(in, k(span));
+    Value even = b.compare(Cmp::EQ, b.rem(b.floor(b.div(in, k(span))), k(2)), k(0));
+    return {b.select(even, b.add(extra, k(lo)), b.add(b.sub(k(span), extra), k(lo))),
+            b.select(even, sign, b.neg(sign))};
+  }
+  std::pair<Value, Value> pad_with_grad(Value x, int64_t size) const {
+    if (padding == kBorder) return clip_with_grad(x, size);
+    if (padding == kReflection) {
+      auto [r, gr] = align ? reflect_with_grad(x, 0, 2 * (size - 1)) : reflect_with_grad(x, -1, 2 * size - 1);
+      auto [v, gc] = clip_with_grad(r, size);
+      return {v, b.mul(gr, gc)};
+    }
+    return {x, k(1)};
+  }
+  // d unnormalize(x) / dx
+  double unnormalize_grad(int64_t size) const { return align ? (size - 1) / 2.0 : size / 2.0; }
+
+  // The table row of integer-valued float coordinates (x, y) as [N * P, 1] s64 (row 0 of the
+  // image outside it), and whether they are inside the image ([N, P, C] pred).
+  std::pair<Value, Value> locate(Value x, Value y) const {
     Value inside = b.and_(b.and_(b.compare(Cmp::GE, x, k(0)), b.compare(Cmp::LE, x, k(static_cast<double>(W - 1)))),
                           b.and_(b.compare(Cmp::GE, y, k(0)), b.compare(Cmp::LE, y, k(static_cast<double>(H - 1)))));
     Value xi = b.convert(b.select(inside, x, k(0)), I64), yi = b.convert(b.select(inside, y, k(0)), I64);
     Value row = b.add(base, b.add(b.mul(yi, b.constant_i(W, I64, ps())), xi));
-    Value v = b.gather(table, b.reshape(row, {N * P, 1}), {1}, {0}, {0}, 1, {1, C}, {N * P, C});
-    v = b.reshape(v, {N, P, C});
-    return b.select(b.broadcast_in_dim(inside, {N, P, C}, {0, 1}), v, b.zeros(Type{t, {N, P, C}}));
+    return {b.reshape(row, {N * P, 1}), b.broadcast_in_dim(inside, {N, P, C}, {0, 1})};
+  }
+  // The input rows at integer-valued float coordinates (x, y) as [N, P, C]; 0 outside the image.
+  Value tap(Value x, Value y) const {
+    auto [row, inside] = locate(x, y);
+    Value v = b.reshape(b.gather(table, row, {1}, {0}, {0}, 1, {1, C}, {N * P, C}), {N, P, C});
+    return b.select(inside, v, b.zeros(Type{t, {N, P, C}}));
+  }
+  // grad_input += `g` ([N, P, C]) at the taps (x, y) inside the image.
+  Value scatter_tap(Value grad_input, Value x, Value y, Value g) const {
+    auto [row, inside] = locate(x, y);
+    Value upd = b.reshape(b.select(inside, g, b.zeros(Type{t, {N, P, C}})), {N * P, C});
+    return b.scatter(grad_input, row, upd, {1}, {0}, {0}, 1, "add");
   }
   Value weighted(Value v, Value w) const { return b.mul(v, b.broadcast_in_dim(w, {N, P, C}, {0, 1})); }
 };
@@ -146,6 +188,64 @@ TPU_LOWER(grid_sampler_2d) {
   }
   out = b.transpose(b.reshape(out, {N, Ho, Wo, C}), {0, 3, 1, 2});
   return {b.convert(out, o.elem)};
+}
+
+// Gradients of grid_sampler_2d for bilinear and nearest interpolation (bicubic runs on the CPU
+// fallback), following CPU's kernel: grad_input scatter-adds grad_output times each tap's
+// weight; grad_grid is the derivative of the bilinear weights times the tap values, summed over
+// channels, times the derivative of unnormalize and padding (nearest: zero).
+TPU_LOWER(grid_sampler_2d_backward) {
+  Value go = c.tensor("grad_output"), input = c.tensor("input"), grid = c.tensor("grid");
+  const int64_t interp = c.int_("interpolation_mode"), padding = c.int_("padding_mode");
+  if (input.rank() != 4 || grid.rank() != 4 || interp == kBicubic || interp < 0 || interp > 2 || padding < 0 ||
+      padding > 2)
+    throw Unsupported("grid_sampler_2d_backward: bicubic or unknown mode");
+  std::vector<int64_t> mask = c.has("output_mask") ? c.ints("output_mask") : std::vector<int64_t>{};
+  mask.resize(2, 1);
+  const ElemType t = opmath(input.elem());
+  const int64_t N = input.shape()[0], C = input.shape()[1], H = input.shape()[2], W = input.shape()[3];
+  const int64_t Ho = grid.shape()[1], Wo = grid.shape()[2], P = Ho * Wo;
+  auto fit_out = [&](Value v, size_t i) {  // an output not asked for (output_mask) is not [..]
+    const Type& ot = out_type(c, i);
+    return ot.numel() == v.type.numel() ? b.convert(b.reshape(v, ot.shape), ot.elem) : b.zeros(ot);
+  };
+  if (N * C * H * W == 0 || P == 0)
+    return {fit_out(b.zeros(Type{t, input.shape()}), 0), fit_out(b.zeros(Type{t, grid.shape()}), 1)};
+  Value table = b.reshape(b.transpose(b.convert(input, t), {0, 2, 3, 1}), {N * H * W, C});
+  Value base = b.mul(b.iota(Type{I64, {N, P}}, 0), b.constant_i(H * W, I64, {N, P}));
+  Sampler s{b, t, false, N, C, H, W, P, padding, c.bool_("align_corners"), table, base};
+  Value g = b.reshape(b.transpose(b.convert(go, t), {0, 2, 3, 1}), {N, P, C});
+  Value gr = b.reshape(b.convert(grid, t), {N, P, 2});
+  Value gx = b.reshape(b.slice(gr, {0, 0, 0}, {N, P, 1}), {N, P});
+  Value gy = b.reshape(b.slice(gr, {0, 0, 1}, {N, P, 2}), {N, P});
+  auto [x, dx] = s.pad_with_grad(s.unnormalize(gx, W), W);
+  auto [y, dy] = s.pad_with_grad(s.unnormalize(gy, H), H);
+  Value gi = b.zeros(Type{t, {N * H * W, C}});
+  Value ggrid = b.zeros(Type{t, {N, P, 2}});
+  if (interp == kNearest) {
+    if (mask[0]) gi = s.scatter_tap(gi, b.unary("round_nearest_even", x), b.unary("round_nearest_even", y), g);
+  } else {
+    Value xw = b.floor(x), yn = b.floor(y), xe = b.add(xw, s.k(1)), ys = b.add(yn, s.k(1));
+    Value fe = b.sub(x, xw), fw = b.sub(s.k(1), fe), fs = b.sub(y, yn), fn = b.sub(s.k(1), fs);
+    auto wg = [&](Value w) { return s.weighted(g, w); };
+    if (mask[0]) {
+      gi = s.scatter_tap(gi, xw, yn, wg(b.mul(fn, fw)));
+      gi = s.scatter_tap(gi, xe, yn, wg(b.mul(fn, fe)));
+      gi = s.scatter_tap(gi, xw, ys, wg(b.mul(fs, fw)));
+      gi = s.scatter_tap(gi, xe, ys, wg(b.mul(fs, fe)));
+    }
+    if (mask[1]) {
+      Value nw = s.tap(xw, yn), ne = s.tap(xe, yn), sw = s.tap(xw, ys), se = s.tap(xe, ys);
+      // d/dx: east taps minus west taps, weighted by the y weights; d/dy likewise.
+      Value ddx = b.add(s.weighted(b.sub(ne, nw), fn), s.weighted(b.sub(se, sw), fs));
+      Value ddy = b.add(s.weighted(b.sub(sw, nw), fw), s.weighted(b.sub(se, ne), fe));
+      Value gix = b.mul(sum_drop(b, b.mul(ddx, g), {2}), b.mul(dx, s.k(s.unnormalize_grad(W))));
+      Value giy = b.mul(sum_drop(b, b.mul(ddy, g), {2}), b.mul(dy, s.k(s.unnormalize_grad(H))));
+      ggrid = b.concatenate({b.reshape(gix, {N, P, 1}), b.reshape(giy, {N, P, 1})}, 2);
+    }
+  }
+  Value grad_input = b.transpose(b.reshape(gi, {N, H, W, C}), {0, 3, 1, 2});
+  return {fit_out(grad_input, 0), fit_out(b.reshape(ggrid, {N, Ho, Wo, 2}), 1)};
 }
 
 }  // namespace tpu::lowering
