@@ -169,3 +169,28 @@ def test_grid_sample_gradients_like_cpu(no_fallback: None) -> None:
             F.grid_sample(xi, gi, mode=mode, padding_mode=pad, align_corners=align).backward(go.to(dev))
             grads.append((xi.grad.cpu(), gi.grad.cpu()))
         torch.testing.assert_close(grads[1], grads[0], rtol=1e-5, atol=1e-5)
+
+
+def test_embedding_bag_and_max_norm_like_cpu(no_fallback: None) -> None:
+    # EmbeddingBag with an empty bag, padding_idx, include_last_offset and per-sample weights,
+    # forward and gradients; nn.Embedding(max_norm=...) renormalizes the looked-up rows in place.
+    g = torch.Generator().manual_seed(0)
+    w = torch.randn(10, 4, generator=g)
+    idx = torch.tensor([1, 2, 4, 5, 4, 3, 2, 9, 0, 0])
+    for mode, last, pad, psw in (("sum", False, 4, True), ("mean", True, None, False), ("max", False, 2, False)):
+        off = torch.tensor([0, 3, 3, 7, 10] if last else [0, 3, 3, 7])
+        ps = torch.rand(10, generator=g) if psw else None
+        res = []
+        for dev in ("cpu", "tpu"):
+            wi = w.to(dev).detach().requires_grad_()
+            pi = ps.to(dev).detach().requires_grad_() if ps is not None else None
+            out = F.embedding_bag(idx.to(dev), wi, off.to(dev), mode=mode, include_last_offset=last, padding_idx=pad,
+                                  per_sample_weights=pi)
+            out.backward(torch.arange(out.numel(), dtype=torch.float).reshape(out.shape).to(dev))
+            res.append([out.detach().cpu(), wi.grad.cpu()] + ([pi.grad.cpu()] if pi is not None else []))
+        torch.testing.assert_close(res[1], res[0])
+    with pytest.raises(RuntimeError, match="valid range"):
+        F.embedding_bag(torch.tensor([1, 11], device="tpu"), w.to("tpu"), torch.tensor([0], device="tpu")).cpu()
+    wc, wt = w * 3, (w * 3).to("tpu")
+    torch.testing.assert_close(F.embedding(idx.to("tpu"), wt, max_norm=1.5).cpu(), F.embedding(idx, wc, max_norm=1.5))
+    torch.testing.assert_close(wt.cpu(), wc)  # rows renormalized in place, the others untouched
