@@ -38,9 +38,9 @@ std::optional<int64_t> scalar_word(const c10::Scalar& sc) {
 
 CallSignature::CallSignature(const OpInfo& info, c10::ArrayRef<c10::IValue> args) {
   w_.push_back(reinterpret_cast<intptr_t>(&info));
-  // Global settings that reach the plan: eager mode (flattening), device checks, matmul precision.
-  w_.push_back((static_cast<int64_t>(runtime::Context::get().mode()) * 2 + (runtime::device_checks() ? 1 : 0)) * 8 +
-               static_cast<int64_t>(matmul_precision()));
+  // Global settings that reach the plan: eager mode (flattening), device checks. The matmul
+  // precision reaches only plans with a contraction: find_cached_call compares it for those.
+  w_.push_back(static_cast<int64_t>(runtime::Context::get().mode()) * 2 + (runtime::device_checks() ? 1 : 0));
   for (size_t j = 0; j < args.size() && valid_; ++j) value(info, args[j], j);
   // Pure factories are not cached: their scalar values can decide the output's shape (arange).
   if (!has_input_tensor_) valid_ = false;
@@ -185,6 +185,8 @@ std::shared_ptr<const CachedCall> find_cached_call(const CallSignature& sig) {
   }
   const auto& w = sig.words();
   if (hit->words.size() != w.size() || !std::equal(w.begin(), w.end(), hit->words.begin())) return nullptr;
+  // Planned at another precision: the full path plans again and replaces the entry.
+  if (hit->plan->uses_precision && hit->plan->precision != matmul_precision()) return nullptr;
   hits.fetch_add(1, std::memory_order_relaxed);
   return hit;
 }
