@@ -37,7 +37,8 @@ KERNEL_REPEATS = 15  # the grouped GEMMs themselves: short calls, more repeats a
 ITERS = 3
 SETTLE_S = 0.03
 # The machine is shared (load average ~10 on 2 cores while measuring): ratios use the fastest
-# repeat (least disturbed); medians are recorded too.
+# repeat (least disturbed); medians are recorded too. The kernel cases time each variant in its own
+# steady state (`steady`), the model cases alternate whole runs (bench_common.interleaved).
 
 
 def per_call_ms(times: dict[str, list[float]]) -> tuple[dict[str, float], dict[str, float]]:
