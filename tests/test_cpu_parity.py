@@ -194,3 +194,30 @@ def test_embedding_bag_and_max_norm_like_cpu(no_fallback: None) -> None:
     wc, wt = w * 3, (w * 3).to("tpu")
     torch.testing.assert_close(F.embedding(idx.to("tpu"), wt, max_norm=1.5).cpu(), F.embedding(idx, wc, max_norm=1.5))
     torch.testing.assert_close(wt.cpu(), wc)  # rows renormalized in place, the others untouched
+
+
+def test_lu_inverse_solve_like_cpu(no_fallback: None) -> None:
+    # LU with partial pivoting: the same pivots as LAPACK, inverse and solves (left/right,
+    # vector right-hand side, batches) and their gradients; a singular matrix reports info and
+    # linalg.inv raises CPU's error.
+    g = torch.Generator().manual_seed(0)
+    A, B = torch.randn(3, 5, 5, generator=g, dtype=torch.float64), torch.randn(3, 5, 2, generator=g, dtype=torch.float64)
+    At, Bt = A.to("tpu"), B.to("tpu")
+    lu, piv = torch.linalg.lu_factor(At)
+    lu_c, piv_c = torch.linalg.lu_factor(A)
+    torch.testing.assert_close(lu.cpu(), lu_c)
+    assert torch.equal(piv.cpu(), piv_c)
+    torch.testing.assert_close(torch.linalg.inv(At).cpu(), torch.linalg.inv(A))
+    torch.testing.assert_close(torch.linalg.solve(At, Bt).cpu(), torch.linalg.solve(A, B))
+    torch.testing.assert_close(torch.linalg.solve(At, Bt[..., 0]).cpu(), torch.linalg.solve(A, B[..., 0]))
+    torch.testing.assert_close(torch.linalg.solve(At, Bt.mT, left=False).cpu(), torch.linalg.solve(A, B.mT, left=False))
+    grads = []
+    for a, b in ((A, B), (At, Bt)):
+        a, b = a.detach().requires_grad_(), b.detach().requires_grad_()
+        (torch.linalg.solve(a, b).sum() + torch.linalg.inv(a).square().sum()).backward()
+        grads.append((a.grad.cpu(), b.grad.cpu()))
+    torch.testing.assert_close(grads[1], grads[0])
+    singular = torch.tensor([[1.0, 2.0], [2.0, 4.0]], device="tpu")
+    assert torch.linalg.inv_ex(singular).info.item() == 2
+    with pytest.raises(torch.linalg.LinAlgError, match="singular"):
+        torch.linalg.inv(singular)
