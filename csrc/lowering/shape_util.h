@@ -1,7 +1,8 @@
-// Small shape helpers shared by the reduction, normalization and loss lowerings.
+// Small shape helpers shared by the reduction, normalization, loss and ordering lowerings.
 #pragma once
 #include <algorithm>
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #include "lowering.h"
@@ -71,6 +72,23 @@ inline Shape bcast_shape(const Shape& a, const Shape& b) {
     r[i] = da == 1 ? db : da;
   }
   return r;
+}
+
+// Sorts x along dim; returns (values, s64 indices). Stable; NaN is greater than everything, as
+// PyTorch orders it (sort, topk, median, kthvalue).
+inline std::pair<Value, Value> sort_with_indices(Builder& b, Value x, int64_t dim, bool descending) {
+  Value idx = b.iota(Type{ElemType::S64, x.shape()}, dim);
+  bool fl = is_float(x.elem());
+  auto r = b.sort({x, idx}, dim, [&](const std::vector<Value>& a) {
+    Value l = a[0], r = a[1];
+    Value lt = b.compare(descending ? Cmp::GT : Cmp::LT, l, r);
+    if (!fl) return lt;
+    Value ln = b.compare(Cmp::NE, l, l), rn = b.compare(Cmp::NE, r, r);
+    // ascending: l < r or (!isnan(l) and isnan(r)); descending: l > r or (isnan(l) and !isnan(r))
+    Value nan_order = descending ? b.and_(ln, b.not_(rn)) : b.and_(b.not_(ln), rn);
+    return b.or_(lt, nan_order);
+  });
+  return {r[0], r[1]};
 }
 
 }  // namespace tpu::lowering
