@@ -5,6 +5,8 @@ autograd as aten::convolution_backward_overrideable). Every case compares with P
 CPU, and asserts that nothing ran on the CPU fallback.
 """
 
+import os
+
 import pytest
 import torch
 import torch.nn as nn
@@ -168,6 +170,59 @@ def test_forward_float16():
     _close(F.conv2d(x.to(DEV), w.to(DEV), padding=1), ref, torch.float16)
 
 
+def _programs(dump):
+    return "".join(open(os.path.join(dump, f)).read() for f in sorted(os.listdir(dump)))
+
+
+@pytest.fixture
+def restore_host_kernels():
+    yield
+    torch_tpu.ops.host_kernels(True)
+
+
+def test_host_conv_in_strict_and_fused_programs(tmp_path, monkeypatch, restore_host_kernels):
+    # On the CPU plugin a float convolution forward is PyTorch's own CPU convolution run as the
+    # host kernel "torch_tpu.conv" (csrc/aten/ffi_conv.cc) inside strict and fused programs
+    # (compiled: test_compile_whole_graph): the values are the CPU's, bit for bit.
+    if torch_tpu.ops.host_kernels() != "on":
+        pytest.skip("no host kernels here")
+    torch.manual_seed(0)
+    x, w, b = torch.randn(3, 5, 11, 7), torch.randn(6, 5, 3, 2), torch.randn(6)  # shapes no other test uses
+    xd, wd, bd = x.to(DEV), w.to(DEV), b.to(DEV)
+    kw = dict(stride=(2, 1), padding=(1, 0), dilation=(1, 2))
+    ref = F.conv2d(x, w, b, **kw)
+    monkeypatch.setenv("TORCH_TPU_DUMP_DIR", str(tmp_path / "strict"))
+    assert torch.equal(F.conv2d(xd, wd, bd, **kw).cpu(), ref)
+    assert '"torch_tpu.conv"' in _programs(str(tmp_path / "strict"))
+    monkeypatch.setenv("TORCH_TPU_DUMP_DIR", str(tmp_path / "fused"))
+    with torch_tpu.set_eager_mode(torch_tpu.EagerMode.DEFER_AND_FUSE):
+        got = (F.conv2d(xd * 2, wd, bd, **kw) + 1).cpu()
+    torch.testing.assert_close(got, F.conv2d(x * 2, w, b, **kw) + 1)
+    assert '"torch_tpu.conv"' in _programs(str(tmp_path / "fused"))
+    # Switched off: new programs take XLA's convolution (the backward passes always do).
+    monkeypatch.setenv("TORCH_TPU_DUMP_DIR", str(tmp_path / "off"))
+    assert torch_tpu.ops.host_kernels(False) == "off"
+    _close(F.conv2d(xd[:2], wd, bd, **kw), F.conv2d(x[:2], w, b, **kw))
+    text = _programs(str(tmp_path / "off"))
+    assert "stablehlo.convolution" in text and "custom_call" not in text
+
+
+# The XLA forward path (host kernels off, or a platform without them): a few of FWD's cases with a
+# batch no other test uses, so the programs are built fresh on that path.
+XLA_FWD = [FWD[i] for i in (2, 8, 10, 16, 19, 22, 26, 33)]
+
+
+def test_forward_xla_path(restore_host_kernels):
+    torch_tpu.ops.host_kernels(False)
+    torch.manual_seed(0)
+    for fn, xs, ws, has_bias, kw in XLA_FWD:
+        xs = (xs[0] + 3,) + tuple(xs[1:])
+        x, w = _rand(*xs), _rand(*ws)
+        cout = ws[1] * kw.get("groups", 1) if "transpose" in fn.__name__ else ws[0]
+        b = _rand(cout) if has_bias else None
+        _close(fn(x.to(DEV), w.to(DEV), None if b is None else b.to(DEV), **kw), fn(x, w, b, **kw))
+
+
 # Backward: (fn, input shape, weight shape, has bias, kwargs)
 BWD = [
     (F.conv2d, (2, 3, 10, 9), (5, 3, 3, 3), True, dict(padding=1)),
@@ -320,7 +375,7 @@ def test_integer(dtype):
         assert torch.equal(got.cpu(), fn(x, w, **kw)), fn.__name__
 
 
-def test_compile_whole_graph():
+def test_compile_whole_graph(tmp_path, monkeypatch):
     # torch.compile graphs carry aten.convolution / convolution_backward (graph-only lowerings).
     import copy
     import warnings
@@ -346,9 +401,12 @@ def test_compile_whole_graph():
     with warnings.catch_warnings():
         warnings.simplefilter("error", UserWarning)  # "runs op by op in eager mode" would raise
         f = torch.compile(md, backend="tpu")
+        monkeypatch.setenv("TORCH_TPU_DUMP_DIR", str(tmp_path))
         out = f(x.to(DEV))
         out.square().sum().backward()
     _close(out, ref)
+    if torch_tpu.ops.host_kernels() == "on":  # the forward convolutions run as the host kernel
+        assert _programs(str(tmp_path)).count('"torch_tpu.conv"') == 3
     for p, q in zip(md.parameters(), m.parameters(), strict=True):
         _close(p.grad, q.grad)
 

@@ -1,7 +1,9 @@
 // Convolutions: convolution_overrideable and convolution_backward_overrideable (what PyTorch
 // dispatches conv1d/2d/3d and conv_transpose1d/2d/3d to on a PrivateUse1 device).
 //
-// Everything is a stablehlo.convolution in PyTorch's own layouts (no physical transposes for
+// On the CPU plugin a float forward is the host convolution (host_conv.h, aten/ffi_conv.cc:
+// PyTorch's CPU convolution as an FFI custom call; see host_conv() below). Everything else is
+// a stablehlo.convolution in PyTorch's own layouts (no physical transposes for
 // the forward pass): input [N, C, spatial...], weight [Cout, Cin/G, k...].
 //  - forward:            conv(x, w; stride s, pad p, rhs_dilation d, feature groups G)
 //  - transposed forward: conv(x, w'; lhs_dilation s, pad d*(k-1)-p / d*(k-1)-p+op, rhs_dilation d)
@@ -16,9 +18,13 @@
 // integer convolutions accumulate in their own type (wrapping, like the CPU kernels).
 // Negative paddings (padding > dilation*(k-1), or unused trailing input) are applied with an
 // explicit stablehlo.pad (which accepts negative edges) before a zero-padded convolution.
+#include <algorithm>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "host_conv.h"
+#include "host_kernels.h"
 #include "lowering.h"
 
 namespace tpu::lowering {
@@ -215,6 +221,60 @@ Value bias_grad(Builder& b, Value dy) {
   return b.reduce(dy, b.zeros(Type{dy.elem(), {}}), dims, "add");
 }
 
+// The output shape PyTorch gives conv(x, w; p), or nullopt when the operands do not fit together
+// (channels, groups, a window larger than the padded input): such calls keep the XLA path, which
+// reports them at compile time instead of inside a running program.
+std::optional<Shape> torch_conv_shape(const Shape& x, const Shape& w, const Params& p) {
+  const int64_t G = p.groups;
+  if (x.size() != w.size() || x.size() < 3 || w[0] <= 0 || w[1] <= 0) return std::nullopt;
+  const int64_t cout = p.transposed ? w[1] * G : w[0];
+  if (p.transposed ? (x[1] != w[0] || w[0] % G) : (x[1] != w[1] * G || w[0] % G)) return std::nullopt;
+  Shape out{x[0], cout};
+  for (int64_t i = 0; i < p.n; ++i) {
+    const int64_t in = x[2 + i], k = w[2 + i], s = p.stride[i], d = p.dilation[i], pad = p.padding[i];
+    if (s <= 0 || d <= 0 || pad < 0 || in <= 0 || k <= 0) return std::nullopt;
+    int64_t o = p.transposed ? (in - 1) * s - 2 * pad + d * (k - 1) + p.output_padding[i] + 1
+                             : (in + 2 * pad - d * (k - 1) - 1) / s + 1;
+    if (p.transposed && (p.output_padding[i] < 0 || p.output_padding[i] >= std::max(s, d))) return std::nullopt;
+    if (!p.transposed && in + 2 * pad < d * (k - 1) + 1) return std::nullopt;
+    if (o <= 0) return std::nullopt;
+    out.push_back(o);
+  }
+  return out;
+}
+
+// The forward convolution on the host kernel (host_conv.h) when the CPU plugin offers it: PyTorch's
+// own CPU convolution on the program's buffers, in the tensors' dtype (float32/bfloat16/float16)
+// and layout, so no transposes to XLA's NHWC/HWIO either. nullopt: take the XLA path.
+std::optional<Value> host_conv(Builder& b, const OpCall& c, Value x, Value w, const Params& p, const Type& o) {
+  if (!host_kernels_enabled()) return std::nullopt;
+  const ElemType t = o.elem;
+  if (t != ElemType::F32 && t != ElemType::BF16 && t != ElemType::F16) return std::nullopt;
+  if (x.elem() != t || w.elem() != t) return std::nullopt;
+  const bool has_bias = c.has("bias");
+  Value bias = w;  // placeholder operand when there is no bias
+  if (has_bias) {
+    bias = c.tensor("bias");
+    if (bias.elem() != t || bias.rank() != 1) return std::nullopt;
+  }
+  const std::optional<Shape> shape = torch_conv_shape(x.shape(), w.shape(), p);
+  if (!shape || *shape != o.shape || (has_bias && bias.shape()[0] != o.shape[1])) return std::nullopt;
+  for (int64_t d : x.shape())
+    if (d == 0) return std::nullopt;
+  auto arr = [](const std::vector<int64_t>& v) {
+    std::string r = "array<i64";
+    for (size_t i = 0; i < v.size(); ++i) r += (i ? ", " : ": ") + std::to_string(v[i]);
+    return r + ">";
+  };
+  const std::string attrs = std::string("call_target_name = \"") + kHostConvTarget +
+                            "\", api_version = 4 : i32, backend_config = {stride = " + arr(p.stride) +
+                            ", padding = " + arr(p.padding) + ", dilation = " + arr(p.dilation) +
+                            ", output_padding = " + arr(p.output_padding) +
+                            ", transposed = " + (p.transposed ? "1" : "0") + " : i64, groups = " +
+                            std::to_string(p.groups) + " : i64, has_bias = " + (has_bias ? "1" : "0") + " : i64}";
+  return b.op("custom_call", {x, w, bias}, o, attrs);
+}
+
 std::vector<Value> lower_conv(Builder& b, const OpCall& c) {
   const Type& o = out_type(c);
   Value x = c.tensor("input");
@@ -222,6 +282,7 @@ std::vector<Value> lower_conv(Builder& b, const OpCall& c) {
   ElemType t = conv_type(o.elem);
   Params p = params(c, x.rank());
   if (w.rank() != x.rank()) throw Unsupported("convolution: weight rank differs from input rank");
+  if (std::optional<Value> y = host_conv(b, c, x, w, p, o)) return {*y};
   x = b.convert(x, t);
   w = b.convert(w, t);
   Shape target(o.shape.begin() + 2, o.shape.end());

@@ -1,0 +1,111 @@
+// Host convolution for the CPU PJRT plugin: a typed XLA FFI custom call (target kHostConvTarget,
+// lowering/convolution.cc emits it) that runs PyTorch's own CPU convolution (oneDNN) on the
+// program's buffers, which are host memory.
+//
+// Why: XLA:CPU lowers a convolution to Eigen's spatial convolution (im2col packing + oneDNN sgemm
+// on small blocks, e.g. 248x288 x 288x48 for a 64-channel 3x3 conv) with transposes to NHWC/HWIO
+// around it; per 3x3 conv of AutoencoderKL's shapes that is 1.4-2.5x PyTorch CPU's direct oneDNN
+// convolution. The plugin's XNNPACK convolution thunk is never emitted by its thunk emitter and
+// `xla_cpu_use_onednn` / `xla_cpu_experimental_onednn_custom_call` leave the convolution on Eigen
+// (HLO dumps; docs/architecture.md, "Host kernels"), so no XLA option reaches a faster kernel.
+//
+// The handler computes at::convolution (stride, padding, dilation, transposed, output_padding,
+// groups: every conv PyTorch has) with the threads PyTorch CPU eager would use, then copies the
+// result into the output buffer. Results equal PyTorch CPU's (same kernel, same algorithm choice).
+#if __has_include("xla/ffi/api/ffi.h")
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/convolution.h>
+#include <ATen/ops/from_blob.h>
+#include <c10/core/InferenceMode.h>
+#include <c10/util/Exception.h>
+
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wsign-compare"
+#pragma GCC diagnostic ignored "-Wunused-function"
+#pragma GCC diagnostic ignored "-Wreturn-type"
+#include "xla/ffi/api/c_api.h"
+// Same version pin as aten/ffi_kernels.cc: the plugin runs XLA FFI API 0.2 and the handler uses
+// nothing newer (buffers, scalar and i64-array attributes, errors).
+#if XLA_FFI_API_MAJOR == 0 && XLA_FFI_API_MINOR > 2
+#undef XLA_FFI_API_MINOR
+#define XLA_FFI_API_MINOR 2
+#endif
+#include "xla/ffi/api/ffi.h"
+#pragma GCC diagnostic pop
+
+#include <exception>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "lowering/host_conv.h"
+#include "runtime/ffi_kernels.h"
+
+namespace tpu::aten {
+namespace {
+namespace ffi = xla::ffi;
+
+c10::ScalarType conv_scalar_type(ffi::DataType t) {
+  switch (t) {
+    case ffi::DataType::F32: return c10::kFloat;
+    case ffi::DataType::BF16: return c10::kBFloat16;
+    case ffi::DataType::F16: return c10::kHalf;
+    default: TORCH_CHECK(false, "unsupported element type ", static_cast<int>(t));
+  }
+}
+
+at::Tensor wrap_buffer(const ffi::AnyBuffer& b) {
+  auto d = b.dimensions();
+  return at::from_blob(b.untyped_data(), c10::IntArrayRef(d.begin(), d.size()),
+                       at::TensorOptions().dtype(conv_scalar_type(b.element_type())));
+}
+
+std::vector<int64_t> vec(ffi::Span<const int64_t> s) { return std::vector<int64_t>(s.begin(), s.end()); }
+
+// input [N, Cin, s...], weight [Cout, Cin/G, k...] (transposed: [Cin, Cout/G, k...]), bias [Cout]
+// when has_bias (otherwise the third operand is a placeholder) -> out [N, Cout, o...].
+ffi::Error host_conv(ffi::AnyBuffer input, ffi::AnyBuffer weight, ffi::AnyBuffer bias,
+                     ffi::Result<ffi::AnyBuffer> out, ffi::Span<const int64_t> stride,
+                     ffi::Span<const int64_t> padding, ffi::Span<const int64_t> dilation,
+                     ffi::Span<const int64_t> output_padding, int64_t transposed, int64_t groups,
+                     int64_t has_bias) {
+  try {
+    c10::InferenceMode no_autograd;
+    at::Tensor x = wrap_buffer(input), w = wrap_buffer(weight), y = wrap_buffer(*out);
+    std::optional<at::Tensor> b;
+    if (has_bias) b = wrap_buffer(bias);
+    at::Tensor r = at::convolution(x, w, b, vec(stride), vec(padding), vec(dilation), transposed != 0,
+                                   vec(output_padding), groups);
+    TORCH_CHECK(r.sizes() == y.sizes(), "result ", r.sizes(), " does not match the output ", y.sizes());
+    y.copy_(r);
+  } catch (const std::exception& ex) {
+    return ffi::Error(ffi::ErrorCode::kInternal, std::string("torch_tpu.conv: ") + ex.what());
+  }
+  return ffi::Error::Success();
+}
+
+}  // namespace
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(torch_tpu_host_conv_handler, host_conv,
+                              ffi::Ffi::Bind()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Attr<ffi::Span<const int64_t>>("stride")
+                                  .Attr<ffi::Span<const int64_t>>("padding")
+                                  .Attr<ffi::Span<const int64_t>>("dilation")
+                                  .Attr<ffi::Span<const int64_t>>("output_padding")
+                                  .Attr<int64_t>("transposed")
+                                  .Attr<int64_t>("groups")
+                                  .Attr<int64_t>("has_bias"));
+
+namespace {
+const bool offered = [] {
+  runtime::offer_host_kernel(lowering::kHostConvTarget, reinterpret_cast<void*>(&torch_tpu_host_conv_handler));
+  return true;
+}();
+}  // namespace
+
+}  // namespace tpu::aten
+#endif  // xla/ffi/api/ffi.h
