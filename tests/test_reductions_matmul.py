@@ -453,8 +453,9 @@ def test_fused_rms_norm(dtype):
 def test_trailing_row_sums_as_accurate_as_cpu(n):
     # Sums over trailing rows of up to 2048 elements are a product with ones (shape_util.h
     # row_sum); longer rows keep the reduce. Rows of mean 100 are cancellation-prone: the f32
-    # error against float64 must stay within 2x of ATen's own for sum, mean, layer norm (forward
-    # and input gradient) and RMS norm (4096-element rows through the product were 3x).
+    # error against float64 must stay within 2x of ATen's own for sum, mean, layer norm, softmax,
+    # log_softmax (forward and input gradient), RMS norm, var and std (4096-element rows through
+    # the product were 3x).
     g = torch.Generator().manual_seed(n)
     x = torch.randn(16, n, generator=g) * 3 + 100
     w, b, go = torch.randn(n, generator=g), torch.randn(n, generator=g), torch.randn(16, n, generator=g)
@@ -465,12 +466,26 @@ def test_trailing_row_sums_as_accurate_as_cpu(n):
         (gx,) = torch.autograd.grad(y, t, go)
         return y.detach(), gx
 
+    def with_grad(fn):  # forward and input gradient of a trailing-dim op
+        def run(t, go):
+            t = t.detach().requires_grad_()
+            y = fn(t)
+            (gx,) = torch.autograd.grad(y, t, go)
+            return y.detach(), gx
+
+        return run
+
     cases = {
         "sum": (lambda t: t.sum(-1), (x,)),
         "mean": (lambda t: t.mean(-1, keepdim=True), (x,)),
         "layer_norm": (ln_and_grad, (x, w, b, go)),
         "rms_norm": (lambda t, w: F.rms_norm(t, (n,), w), (x, w)),
+        "softmax": (with_grad(lambda t: torch.softmax(t, -1)), (x, go)),
+        "log_softmax": (with_grad(lambda t: torch.log_softmax(t, -1)), (x, go)),
     }
+    if n <= 2048:  # longer rows keep the reduce, whose var error was 4.6x ATen's at 4096 (known gap)
+        cases["var"] = (lambda t: torch.var(t, -1), (x,))
+        cases["std_mean"] = (lambda t: torch.std_mean(t, -1, keepdim=True), (x,))
     for name, (fn, args) in cases.items():
         ref = fn(*(a.double() for a in args))
         cpu, tpu = fn(*args), fn(*to_dev(args))

@@ -34,12 +34,6 @@ int64_t numel_of(const Shape& s, const std::vector<int64_t>& dims) {
   return n;
 }
 
-// Sum over dims, result broadcast back to x's shape (keepdim + expand).
-Value sum_keep(Builder& b, Value x, const std::vector<int64_t>& dims) {
-  if (dims.empty()) return x;
-  Value r = b.reduce(x, b.constant_i(0, x.elem()), dims, "add");
-  return b.broadcast_to(b.reshape(r, keep_shape(x.shape(), dims)), x.shape());
-}
 Value max_keep(Builder& b, Value x, const std::vector<int64_t>& dims) {
   if (dims.empty()) return x;
   Value r = b.reduce(x, b.lowest(x.elem()), dims, "maximum");
@@ -48,8 +42,9 @@ Value max_keep(Builder& b, Value x, const std::vector<int64_t>& dims) {
 
 Value const_f(Builder& b, double v, ElemType t, const Shape& s) { return b.constant_f(v, t, s); }
 
-// sum_keep over a normalization's trailing dims through row_sum (shape_util.h): one GEMV on
-// XLA:CPU instead of a reduce-window and a reduce.
+// Sum over dims, result broadcast back to x's shape (keepdim + expand). Through row_sum
+// (shape_util.h): over trailing dims of short f32/f64 rows (softmax's last dim, a norm's rows)
+// one GEMV on XLA:CPU instead of a reduce-window and a reduce; otherwise the plain reduce.
 Value row_sum_keep(Builder& b, Value x, const std::vector<int64_t>& dims) {
   if (dims.empty()) return x;
   return b.broadcast_to(b.reshape(row_sum(b, x, dims), keep_shape(x.shape(), dims)), x.shape());
@@ -115,7 +110,7 @@ TPU_LOWER(_softmax) {
   Value x = b.convert(x0, t);
   auto dims = softmax_dims(x, c.int_("dim"));
   Value e = b.exp(b.sub(x, max_keep(b, x, dims)));
-  return {b.div(e, sum_keep(b, e, dims))};
+  return {b.div(e, row_sum_keep(b, e, dims))};
 }
 
 TPU_LOWER(_log_softmax) {
@@ -124,7 +119,7 @@ TPU_LOWER(_log_softmax) {
   Value x = b.convert(x0, t);
   auto dims = softmax_dims(x, c.int_("dim"));
   Value sh = b.sub(x, max_keep(b, x, dims));
-  return {b.sub(sh, b.log(sum_keep(b, b.exp(sh), dims)))};
+  return {b.sub(sh, b.log(row_sum_keep(b, b.exp(sh), dims)))};
 }
 
 TPU_LOWER(_softmax_backward_data) {
@@ -133,7 +128,7 @@ TPU_LOWER(_softmax_backward_data) {
   Value g = b.convert(g0, t), y = b.convert(y0, t);
   auto dims = softmax_dims(y, c.int_("dim"));
   Value gy = b.mul(g, y);
-  return {b.sub(gy, b.mul(y, sum_keep(b, gy, dims)))};
+  return {b.sub(gy, b.mul(y, row_sum_keep(b, gy, dims)))};
 }
 
 TPU_LOWER(_log_softmax_backward_data) {
@@ -141,7 +136,7 @@ TPU_LOWER(_log_softmax_backward_data) {
   ElemType t = opmath(out_type(c).elem);
   Value g = b.convert(g0, t), y = b.convert(y0, t);
   auto dims = softmax_dims(y, c.int_("dim"));
-  return {b.sub(g, b.mul(b.exp(y), sum_keep(b, g, dims)))};
+  return {b.sub(g, b.mul(b.exp(y), row_sum_keep(b, g, dims)))};
 }
 
 // ------------------------------------------------------------------ layer norm

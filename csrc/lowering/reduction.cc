@@ -219,10 +219,11 @@ static std::pair<Value, Value> var_mean_impl(Builder& b, const OpCall& c, ElemTy
   Value x = input_as(b, x0, out);
   auto dims = reduce_dims(c, "dim", x.rank());
   int64_t n = reduced_numel(x.shape(), dims);
-  Value mean = b.div(rsum(b, x, dims), b.constant_f(static_cast<double>(n), t,
+  // row_sum: one GEMV when dims are the trailing dims of short f32/f64 rows (shape_util.h).
+  Value mean = b.div(row_sum(b, x, dims), b.constant_f(static_cast<double>(n), t,
                                                     reduced_shape(x.shape(), dims, false)));
   Value d = b.sub(x, expand_back(b, mean, x.shape(), dims));
-  Value ss = rsum(b, b.mul(d, d), dims);
+  Value ss = row_sum(b, b.mul(d, d), dims);
   Value corr;
   if (c.has("correction")) corr = operand(b, c.arg("correction"), t, {});
   else if (c.has("unbiased")) corr = b.constant_f(c.bool_("unbiased") ? 1.0 : 0.0, t);
