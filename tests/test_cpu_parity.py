@@ -217,6 +217,9 @@ def test_frexp_nextafter_bits_like_cpu(no_fallback: None) -> None:
         want, got = torch.nextafter(a, b), torch.nextafter(a.to("tpu"), b.to("tpu")).cpu()
         assert torch.equal(want.isnan(), got.isnan()), dt
         assert torch.equal(_bits(want)[~want.isnan()], _bits(got)[~got.isnan()]), dt
+    x = torch.ones(2, device="tpu")
+    with pytest.raises(RuntimeError, match="expects exponent to have int dtype"):
+        torch.frexp(x, out=(torch.empty_like(x), torch.empty(2, dtype=torch.int64, device="tpu")))
 
 
 def test_mode_like_cpu(no_fallback: None) -> None:

@@ -38,6 +38,15 @@ TPU_LOWER_WITH(frexp, .elementwise = true) {
   Value self = c.tensor("self");
   if (!shlo::is_float(self.elem()))
     throw std::runtime_error("torch.frexp() only supports floating-point dtypes");
+  // frexp.Tensor_out: the CPU kernel's dtype checks of the out tensors (never a cast).
+  const Arg* mant_out = c.find("mantissa");
+  const Arg* exp_out = c.find("exponent");
+  if (mant_out && mant_out->kind == Arg::Kind::Tensor && mant_out->tensor.elem() != self.elem())
+    throw std::runtime_error(std::string("torch.frexp() expects mantissa to have dtype ") +
+                             shlo::mlir_name(self.elem()) + " but got " + shlo::mlir_name(mant_out->tensor.elem()));
+  if (exp_out && exp_out->kind == Arg::Kind::Tensor && exp_out->tensor.elem() != ElemType::S32)
+    throw std::runtime_error(std::string("torch.frexp() expects exponent to have int dtype but got ") +
+                             shlo::mlir_name(exp_out->tensor.elem()));
   const ElemType t = mo.elem;
   const FloatBits f = float_bits(t);
   const Shape& sh = mo.shape;
