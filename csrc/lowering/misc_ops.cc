@@ -117,9 +117,11 @@ TPU_LOWER_ELEMENTWISE(nextafter) {
 }
 
 // mode(dim): the most frequent value along dim and an index of it, as the CPU kernel: it sorts
-// (value, index) pairs and scans the runs of equal values (NaN != NaN: each NaN is its own run);
-// the first longest run (the smallest value) wins and its last element's index is returned (the
-// last occurrence, what the CPU's sort returns for the slices it sorts stably).
+// (value, index) pairs by value and scans the runs of equal values (NaN != NaN: each NaN is its
+// own run); the first longest run (the smallest value) wins with its last element's index. The
+// CPU's std::sort is not stable: on slices of <= 16 elements it is an insertion sort (stable;
+// replayed exactly for floats, NaNs included), on longer ones an introsort whose order among equal
+// values is its own; there the index is the last occurrence and NaNs sort last.
 TPU_LOWER(mode) {
   const Type& vo = out_type(c, 0);
   const Type& io = out_type(c, 1);
@@ -146,6 +148,35 @@ TPU_LOWER(mode) {
   const ElemType I = ElemType::S64;
   Value idx = b.iota(Type{I, rn}, 1);
   const bool fl = shlo::is_float(et);
+  Value pos = b.iota(Type{I, rn}, 1);
+  Value sv, si;
+  if (fl && n <= 16) {
+    // libstdc++'s std::sort is an insertion sort on <= 16 elements; replayed step by step so that
+    // NaNs (never `<` anything) stop the insertions exactly where they stop on the CPU.
+    sv = v;
+    si = idx;
+    auto column = [&](Value a, int64_t j) {
+      return b.broadcast_in_dim(b.reshape(b.slice(a, {0, j}, {rows, j + 1}), {rows}), rn, {0});
+    };
+    for (int64_t i = 1; i < n; ++i) {
+      Value val = column(sv, i), vid = column(si, i);
+      Value less = b.compare(Cmp::LT, val, sv);  // val < arr[j]
+      Value stop = b.and_(b.not_(less), b.compare(Cmp::LT, pos, b.constant_i(i, I, rn)));
+      Value last = b.reduce(b.select(stop, pos, b.constant_i(-1, I, rn)), b.constant_i(-1, I), {1}, "maximum");
+      // val < arr[0]: to the front; else after the nearest j < i with !(val < arr[j]).
+      Value to_front = b.reshape(b.slice(less, {0, 0}, {rows, 1}), {rows});
+      Value p = b.select(to_front, b.constant_i(0, I, {rows}), b.add(last, b.constant_i(1, I, {rows})));
+      Value P = b.broadcast_in_dim(p, rn, {0});
+      Value shift = b.and_(b.compare(Cmp::GT, pos, P), b.compare(Cmp::LE, pos, b.constant_i(i, I, rn)));
+      Value at = b.compare(Cmp::EQ, pos, P);
+      auto insert = [&](Value a, Value x) {
+        Value prev = b.pad(b.slice(a, {0, 0}, {rows, n - 1}), b.zeros(Type{a.elem(), {}}), {0, 1}, {0, 0});
+        return b.select(at, x, b.select(shift, prev, a));
+      };
+      sv = insert(sv, val);
+      si = insert(si, vid);
+    }
+  } else {
   auto sorted = b.sort({v, idx}, 1, [&](const std::vector<Value>& a) {
     Value lt = b.compare(Cmp::LT, a[0], a[1]);
     Value eq = b.compare(Cmp::EQ, a[0], a[1]);
@@ -156,8 +187,9 @@ TPU_LOWER(mode) {
     }
     return b.or_(lt, b.and_(eq, b.compare(Cmp::LT, a[2], a[3])));
   });
-  Value sv = sorted[0], si = sorted[1];
-  Value pos = b.iota(Type{I, rn}, 1);
+  sv = sorted[0];
+  si = sorted[1];
+  }
   Value freq;
   if (n == 1) {
     freq = b.constant_i(1, I, rn);
