@@ -275,3 +275,30 @@ def test_cauchy_log_normal_geometric_distributions(no_fallback: None) -> None:
         torch.empty(3, device="tpu").geometric_(1.0)
     with pytest.raises(RuntimeError, match="std > 0"):
         torch.empty(3, device="tpu").log_normal_(0.0, -1.0)
+
+
+def test_lu_inverse_solve_like_cpu(no_fallback: None) -> None:
+    # LU with partial pivoting: the same pivots as LAPACK, inverse and solves (left/right,
+    # vector right-hand side, batches) and their gradients; a singular matrix reports info and
+    # linalg.inv raises CPU's error.
+    g = torch.Generator().manual_seed(0)
+    A, B = torch.randn(3, 5, 5, generator=g, dtype=torch.float64), torch.randn(3, 5, 2, generator=g, dtype=torch.float64)
+    At, Bt = A.to("tpu"), B.to("tpu")
+    lu, piv = torch.linalg.lu_factor(At)
+    lu_c, piv_c = torch.linalg.lu_factor(A)
+    torch.testing.assert_close(lu.cpu(), lu_c)
+    assert torch.equal(piv.cpu(), piv_c)
+    torch.testing.assert_close(torch.linalg.inv(At).cpu(), torch.linalg.inv(A))
+    torch.testing.assert_close(torch.linalg.solve(At, Bt).cpu(), torch.linalg.solve(A, B))
+    torch.testing.assert_close(torch.linalg.solve(At, Bt[..., 0]).cpu(), torch.linalg.solve(A, B[..., 0]))
+    torch.testing.assert_close(torch.linalg.solve(At, Bt.mT, left=False).cpu(), torch.linalg.solve(A, B.mT, left=False))
+    grads = []
+    for a, b in ((A, B), (At, Bt)):
+        a, b = a.detach().requires_grad_(), b.detach().requires_grad_()
+        (torch.linalg.solve(a, b).sum() + torch.linalg.inv(a).square().sum()).backward()
+        grads.append((a.grad.cpu(), b.grad.cpu()))
+    torch.testing.assert_close(grads[1], grads[0])
+    singular = torch.tensor([[1.0, 2.0], [2.0, 4.0]], device="tpu")
+    assert torch.linalg.inv_ex(singular).info.item() == 2
+    with pytest.raises(torch.linalg.LinAlgError, match="singular"):
+        torch.linalg.inv(singular)
