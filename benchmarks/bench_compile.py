@@ -49,7 +49,7 @@ GOAL_COLD_S = 5.0
 GOAL_WARM_S = 0.5
 
 COMPILED, STRICT, CPU, INDUCTOR = "tpu_compiled", "tpu_strict", "cpu_eager", "cpu_inductor"
-JAX = "jax_jit"  # prefill only: the plain jax.numpy reference on the same weights
+JAX = "jax_jit"  # the plain jax.numpy reference on the same weights (prefill and decode)
 # ... with its dots at HIGHEST precision, as torch_tpu emits them by default (torch's "highest"):
 # jaxlib's XLA:CPU runs DEFAULT-precision dots through faster YNNPACK kernels
 JAX_HIGHEST = "jax_jit_highest"
@@ -247,7 +247,8 @@ def measure_runtime() -> dict[str, Any]:
             for name, v in variants.items()
         }
         live = {name: v for name, v in variants.items() if name not in errors}
-        jax_ref = jax_highest = None
+        jax_ref = jax_highest = jax_decode = None
+        jax_tokens: list[int] = []
         if jax_llama.available():
             try:
                 t0 = time.perf_counter()
@@ -256,9 +257,12 @@ def measure_runtime() -> dict[str, Any]:
                 first_s[JAX] = time.perf_counter() - t0
                 jax_highest = jax_llama.JaxPrefill(model_cpu, ids, MAX_CACHE_LEN, precision="highest")
                 jax_highest.run()
+                jax_decode = jax_llama.JaxDecode(model_cpu, MAX_CACHE_LEN)
+                jax_decode.cache = list(jax_ref.filled_cache)
+                jax_tokens = [jax_token] + jax_decode.tokens(jax_token, PREFILL_LEN, DECODE_TOKENS)
             except Exception as e:  # noqa: BLE001 - recorded; the torch variants still run
                 errors[JAX] = f"{type(e).__name__}: {e}"[:2000]
-                jax_ref = jax_highest = None
+                jax_ref = jax_highest = jax_decode = None
         else:
             errors[JAX] = "jax is not installed (benchmark-only dependency)"
         for v in live.values():  # warm-up: one full prefill + decode each
@@ -288,13 +292,15 @@ def measure_runtime() -> dict[str, Any]:
         before = torch_tpu.cache_stats()
         fb_before = sum(torch_tpu.fallback_stats().values())
         times: dict[str, dict[str, list[float]]] = {
-            "decode": {n: [] for n in live},
+            "decode": {n: [] for n in live} | ({JAX: []} if jax_decode else {}),
             "prefill": {n: [] for n in live} | ({JAX: [], JAX_HIGHEST: []} if jax_ref else {}),
         }
         for _ in range(REPEATS):  # interleaved, so machine load hits every variant alike
             for what in ("decode", "prefill"):
                 for name, v in live.items():
                     times[what][name].append(v.timed(what))
+            if jax_decode:
+                times["decode"][JAX].append(jax_decode.timed(jax_tokens[0], PREFILL_LEN, DECODE_TOKENS))
             if jax_ref:
                 times["prefill"][JAX].append(jax_ref.timed())
                 if jax_highest:
@@ -318,6 +324,9 @@ def measure_runtime() -> dict[str, Any]:
     token_match = {n: (None if cpu_toks is None else t == cpu_toks) for n, t in agreement.items()}
     if jax_ref:
         token_match[JAX + "_first_token"] = cpu_toks is not None and jax_token == cpu_toks[0]
+    if jax_tokens:
+        agreement[JAX] = jax_tokens
+        token_match[JAX] = cpu_toks is not None and jax_tokens == cpu_toks
 
     decode_ms = {n: median(ts) * 1e3 / DECODE_TOKENS for n, ts in times["decode"].items()}
     prefill_ms = {n: median(ts) * 1e3 for n, ts in times["prefill"].items()}
@@ -491,6 +500,7 @@ def run() -> dict[str, Any]:
             GOAL_COMPILED_OVER_INDUCTOR,
             higher_is_better=True,
         ),
+        ratio("decode compiled/jax", _speedup(dec, JAX), None, higher_is_better=True),
         ratio("prefill compiled/strict", _speedup(pre, STRICT), None, higher_is_better=True),
         ratio("prefill compiled/cpu", _speedup(pre, CPU), GOAL_PREFILL_OVER_CPU, higher_is_better=True),
         ratio("prefill compiled/jax", _speedup(pre, JAX), GOAL_PREFILL_OVER_JAX, higher_is_better=True),
@@ -509,7 +519,7 @@ def run() -> dict[str, Any]:
 
     rec_txt = "n/a" if rec is None else f"{rec:g} (goal 0, {'ok' if others[0]['met'] else 'MISS'})"
     summary = (
-        f"{NAME}: decode ms/token {ms(dec)} | prefill{PREFILL_LEN} ms {ms(pre, (JAX, JAX_HIGHEST))} | "
+        f"{NAME}: decode ms/token {ms(dec, (JAX,))} | prefill{PREFILL_LEN} ms {ms(pre, (JAX, JAX_HIGHEST))} | "
         + ", ".join(fmt_ratio(r) for r in ratios)
         + f" | recompiles/token {rec_txt} | "
         + ", ".join(_fmt_s(r) for r in others[1:])
@@ -530,7 +540,9 @@ def run() -> dict[str, Any]:
                 "compile that step (dynamic=False). decode: ms/token over a "
                 f"{DECODE_TOKENS}-token greedy run after a {PREFILL_LEN}-token prompt (tokens stay on the "
                 f"device, one sync per run); prefill: one {PREFILL_LEN}-token step; medians of {REPEATS} "
-                "interleaved repeats. compile cold/warm: first call of the compiled decode step in a fresh "
+                "interleaved repeats. jax_jit: the same model in plain jax.numpy under jax.jit (jax_llama.py; "
+                "decode: one jitted step per token at a traced position over the donated static cache). "
+                "compile cold/warm: first call of the compiled decode step in a fresh "
                 "process (empty TORCH_TPU_CACHE_DIR and TORCHINDUCTOR_CACHE_DIR, then a second process on them; "
                 "also with TORCH_CACHING_PRECOMPILE=1: *_precompile_s), after a trivial compile "
                 "that pays one-time framework imports (framework_warmup_s)."

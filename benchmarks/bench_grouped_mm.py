@@ -23,19 +23,22 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from typing import Any
 
 import torch
-from bench_common import TPU, finish, fmt_ratio, interleaved, median, ratio, sync
+from bench_common import TPU, finish, fmt_ratio, interleaved, median, ratio, sync, time_call
 
 NAME = "grouped_mm"
 TOKENS, TOP_K, EXPERTS, HIDDEN, FFN = 64, 2, 8, 512, 1024
 REPEATS = 7
 KERNEL_REPEATS = 15  # the grouped GEMMs themselves: short calls, more repeats against the shared load
 ITERS = 3
+SETTLE_S = 0.03
 # The machine is shared (load average ~10 on 2 cores while measuring): ratios use the fastest
-# repeat (least disturbed); medians are recorded too.
+# repeat (least disturbed); medians are recorded too. The kernel cases time each variant in its own
+# steady state (`steady`), the model cases alternate whole runs (bench_common.interleaved).
 
 
 def per_call_ms(times: dict[str, list[float]]) -> tuple[dict[str, float], dict[str, float]]:
@@ -64,6 +67,24 @@ def timed(fn: Callable[[], object], on_tpu: bool, host: bool = True) -> Callable
         return r
 
     return loop
+
+
+def steady(fns: dict[str, Callable[[], object]], repeats: int) -> dict[str, list[float]]:
+    """Like bench_common.interleaved, but each timed run follows SETTLE_S of untimed runs of the same
+    fn. Timed straight after another variant, a fn pays for that variant's threads: PyTorch CPU's
+    OpenMP team spins ~20 ms after each parallel region, holding the second core (3-5x the time of the
+    call after it at load 7: /work/wt/notes/issue-10.md), and XLA's Eigen threads spin briefly. Each
+    variant is timed in its own steady state, as a model calling it layer after layer runs it."""
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    for _ in range(repeats):
+        for name, fn in fns.items():
+            t0 = time.perf_counter()
+            while True:
+                fn()
+                if time.perf_counter() - t0 >= SETTLE_S:
+                    break
+            times[name].append(time_call(fn))
+    return times
 
 
 def routing(seed: int) -> torch.Tensor:
@@ -121,7 +142,7 @@ def gmm_case(form: str, dtype: torch.dtype) -> dict[str, Any]:
     err = ((got[:n] - ref[:n]).abs().max() / ref[:n].abs().max()).item()
     for f in fns.values():  # warm-up: compiles every program once
         f()
-    ms, med = per_call_ms(interleaved(fns, KERNEL_REPEATS))
+    ms, med = per_call_ms(steady(fns, KERNEL_REPEATS))
     return {"form": form, "dtype": str(dtype).removeprefix("torch."), "group_ends": offs.tolist(),
             "rel_err_vs_cpu_f32": err, "ms": ms, "median_ms": med}
 
@@ -213,7 +234,7 @@ def ragged_case(form: str, dtype: torch.dtype) -> dict[str, Any]:
     err = ((got - ref).abs().max() / ref.abs().max()).item()
     for f in fns.values():
         f()
-    ms, med = per_call_ms(interleaved(fns, KERNEL_REPEATS))
+    ms, med = per_call_ms(steady(fns, KERNEL_REPEATS))
     return {"form": form, "dtype": str(dtype).removeprefix("torch."), "group_sizes": sizes.tolist(),
             "rel_err_vs_cpu_f32": err, "ms": ms, "median_ms": med}
 

@@ -1,11 +1,14 @@
-"""The reference for bench_compile's prefill: the same tiny Llama written with plain `jax.numpy`
-and `jax.jit` (JAX is a benchmark-only dependency), on the same weights and shapes, on JAX's own
-XLA:CPU client. What XLA can do with this model when the program comes from JAX.
+"""The reference for bench_compile's prefill and decode: the same tiny Llama written with plain
+`jax.numpy` and `jax.jit` (JAX is a benchmark-only dependency), on the same weights and shapes, on
+JAX's own XLA:CPU client. What XLA can do with this model when the program comes from JAX.
 
-One prefill step, as the torch step does it: embeddings, per layer RMSNorm -> GQA attention with
-RoPE (causal) writing K/V into a static cache of `cache_len` -> RMSNorm -> SwiGLU MLP, final norm,
-lm_head on the last position, argmax. `hlo_text()` gives the optimized HLO for comparison with
-ours (TORCH_TPU_DUMP_DIR dumps our StableHLO).
+JaxPrefill: one prefill step, as the torch step does it: embeddings, per layer RMSNorm -> GQA
+attention with RoPE (causal) writing K/V into a static cache of `cache_len` -> RMSNorm -> SwiGLU
+MLP, final norm, lm_head on the last position, argmax. JaxDecode: one greedy decode step of one
+token at a traced position, attending over the whole static cache (masked past the position, as
+HF's StaticCache does), the cache donated so XLA updates it in place; the token stays on the
+device from step to step. `hlo_text()` gives the optimized HLO for comparison with ours
+(`options={"xla_dump_to": dir, "xla_dump_hlo_as_text": True}` dumps our optimized HLO).
 """
 
 from __future__ import annotations
@@ -103,6 +106,7 @@ class JaxPrefill:
         with self._precision():
             tok, cache = self._fn(self.weights, self.ids, self.cos, self.sin, self.cache)
         self._jax.block_until_ready((tok, cache))
+        self.filled_cache = cache  # the prompt's K/V: JaxDecode continues from it
         return int(tok[0])
 
     def timed(self, what: str = "prefill") -> float:
@@ -113,4 +117,105 @@ class JaxPrefill:
     def hlo_text(self) -> str:
         with self._precision():
             lowered = self._fn.lower(self.weights, self.ids, self.cos, self.sin, self.cache)
+            return lowered.compile().as_text()
+
+
+class JaxDecode:
+    """Greedy decode steps after a prompt, on a static KV cache of `cache_len` (see module doc)."""
+
+    def __init__(self, model: Any, cache_len: int, precision: str | None = None) -> None:
+        import jax
+        import jax.numpy as jnp
+
+        self.precision = precision
+        cfg = model.config
+        self.h, self.kvh = cfg.num_attention_heads, cfg.num_key_value_heads
+        self.hd = cfg.hidden_size // self.h
+        self.eps = cfg.rms_norm_eps
+        theta = getattr(cfg, "rope_theta", None) or cfg.rope_parameters["rope_theta"]
+        self.inv_freq = jnp.asarray(1.0 / (theta ** (np.arange(0, self.hd, 2, dtype=np.float32) / self.hd)))
+        self.weights = {k: jnp.asarray(v.detach().float().numpy()) for k, v in model.state_dict().items()}
+        self.layers = cfg.num_hidden_layers
+        self.cache_len = cache_len
+        self.cache = [jnp.zeros((1, self.kvh, cache_len, self.hd), jnp.float32) for _ in range(2 * self.layers)]
+        self._fn = jax.jit(self._step, donate_argnums=(4,))
+        self._jax = jax
+
+    def _step(self, w: dict[str, Any], tok: Any, pos: Any, inv_freq: Any, cache: list[Any]) -> tuple[Any, list[Any]]:
+        import jax
+        import jax.numpy as jnp
+
+        def norm(x: Any, weight: Any) -> Any:
+            return x * jax.lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True) + self.eps) * weight
+
+        freqs = pos.astype(jnp.float32) * inv_freq
+        emb = jnp.concatenate([freqs, freqs])
+        cos, sin = jnp.cos(emb), jnp.sin(emb)
+
+        def rope(x: Any) -> Any:
+            half = x.shape[-1] // 2
+            rot = jnp.concatenate([-x[..., half:], x[..., :half]], axis=-1)
+            return x * cos + rot * sin
+
+        x = w["model.embed_tokens.weight"][tok[0]]  # [1, hidden]
+        valid = jnp.arange(self.cache_len) <= pos  # [cache_len]
+        rep = self.h // self.kvh
+        new_cache = []
+        for i in range(self.layers):
+            p = f"model.layers.{i}."
+            y = norm(x, w[p + "input_layernorm.weight"])
+            q = rope((y @ w[p + "self_attn.q_proj.weight"].T).reshape(self.h, self.hd))
+            k = rope((y @ w[p + "self_attn.k_proj.weight"].T).reshape(self.kvh, self.hd))
+            v = (y @ w[p + "self_attn.v_proj.weight"].T).reshape(self.kvh, self.hd)
+            kc = jax.lax.dynamic_update_slice(cache[2 * i], k[None, :, None, :], (0, 0, pos, 0))
+            vc = jax.lax.dynamic_update_slice(cache[2 * i + 1], v[None, :, None, :], (0, 0, pos, 0))
+            new_cache += [kc, vc]
+            qg = q.reshape(self.kvh, rep, self.hd)  # GQA: query heads grouped by their KV head
+            s = jnp.einsum("grd,gkd->grk", qg, kc[0]) / np.sqrt(self.hd)
+            a = jax.nn.softmax(jnp.where(valid, s, -jnp.inf), axis=-1)
+            o = jnp.einsum("grk,gkd->grd", a, vc[0]).reshape(1, self.h * self.hd)
+            x = x + o @ w[p + "self_attn.o_proj.weight"].T
+            y = norm(x, w[p + "post_attention_layernorm.weight"])
+            g = y @ w[p + "mlp.gate_proj.weight"].T
+            u = y @ w[p + "mlp.up_proj.weight"].T
+            x = x + (jax.nn.silu(g) * u) @ w[p + "mlp.down_proj.weight"].T
+        x = norm(x, w["model.norm.weight"])
+        head = w.get("lm_head.weight", w["model.embed_tokens.weight"])
+        return jnp.argmax(x @ head.T, axis=-1).astype(jnp.int32)[None], new_cache  # [1, 1]
+
+    def _precision(self) -> Any:
+        import contextlib
+
+        return contextlib.nullcontext() if self.precision is None else \
+            self._jax.default_matmul_precision(self.precision)
+
+    def decode(self, first: int, start: int, n: int) -> list[Any]:
+        """n greedy steps from token `first` at position `start` (positions uploaded before the
+        first step, as the torch variants hold theirs); one host sync at the end."""
+        import jax.numpy as jnp
+
+        positions = [jnp.int32(start + i) for i in range(n)]
+        tok = jnp.asarray([[first]], jnp.int32)
+        toks = []
+        with self._precision():
+            for pos in positions:
+                tok, self.cache = self._fn(self.weights, tok, pos, self.inv_freq, self.cache)
+                toks.append(tok)
+        self._jax.block_until_ready((tok, self.cache))
+        return toks
+
+    def tokens(self, first: int, start: int, n: int) -> list[int]:
+        return [int(t[0, 0]) for t in self.decode(first, start, n)]
+
+    def timed(self, first: int, start: int, n: int) -> float:
+        t0 = time.perf_counter()
+        self.decode(first, start, n)
+        return time.perf_counter() - t0
+
+    def hlo_text(self) -> str:
+        import jax.numpy as jnp
+
+        with self._precision():
+            lowered = self._fn.lower(self.weights, jnp.zeros((1, 1), jnp.int32), jnp.int32(0), self.inv_freq,
+                                     self.cache)
             return lowered.compile().as_text()

@@ -34,6 +34,34 @@ def test_mlp_forward_matches_cpu_and_eager() -> None:
     torch.testing.assert_close(out.cpu(), eager, atol=1e-6, rtol=1e-6)
 
 
+def test_linear_on_many_rows_is_the_swapped_product(monkeypatch: pytest.MonkeyPatch) -> None:
+    """mm(x, t(W)) with many rows is lowered as t(dot(W, t(x))) behind an optimization_barrier
+    (XLA:CPU packs a transposed weight slowly); forward and backward still match CPU."""
+    from torch_tpu import _C
+    from torch_tpu._internal import compile as tpu_compile
+
+    texts: list[str] = []
+    build = tpu_compile._build
+
+    def spy(desc: dict[str, Any]) -> int:
+        texts.append(_C._graph_text(desc))
+        return build(desc)
+
+    monkeypatch.setattr(tpu_compile, "_build", spy)
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(256, 512, bias=False)
+    x = torch.randn(64, 256, requires_grad=True)
+    lin(x).square().sum().backward()
+    mt = copy.deepcopy(lin).to("tpu")
+    xt = x.detach().to("tpu").requires_grad_()
+    out = torch.compile(mt, backend="tpu", dynamic=False)(xt)
+    out.square().sum().backward()
+    torch.testing.assert_close(out.detach().cpu(), lin(x).detach(), atol=1e-4, rtol=1e-5)
+    torch.testing.assert_close(xt.grad.cpu(), x.grad, atol=1e-4, rtol=1e-5)
+    torch.testing.assert_close(mt.weight.grad.cpu(), lin.weight.grad, atol=1e-4, rtol=1e-5)
+    assert texts and "optimization_barrier" in texts[0], texts[0][-2000:] if texts else "no program"
+
+
 def test_backend_class_and_fullgraph() -> None:
     m = _mlp().to("tpu")
     x = torch.randn(3, 8, device="tpu")

@@ -100,3 +100,97 @@ def test_multi_margin_loss_and_grad_like_cpu(p: int, no_fallback: None) -> None:
         torch.testing.assert_close(gt.cpu(), ge)
     with pytest.raises(RuntimeError, match="target out of range"):
         F.multi_margin_loss(xt.detach(), torch.tensor([0, 4, 1, 2, 3], device="tpu"), p).cpu()
+
+
+def test_median_kthvalue_nan_rules_like_cpu(no_fallback: None) -> None:
+    # median: a row with NaN gives NaN and the index of its first NaN; nanmedian skips NaNs
+    # (all-NaN row: NaN); kthvalue orders NaN above every number.
+    nan = float("nan")
+    x = torch.tensor([[3.0, 1.0, 2.0, -0.0, 5.0], [nan, 1.0, nan, 0.0, 2.0], [nan] * 5, [4.0, nan, -1.0, 7.0, 8.0]])
+    t = x.to("tpu")
+    for got, want in ((torch.median(t, 1), torch.median(x, 1)), (torch.median(t, 0, keepdim=True), torch.median(x, 0, keepdim=True))):
+        torch.testing.assert_close(got.values.cpu(), want.values, equal_nan=True, rtol=0, atol=0)
+        assert torch.equal(got.indices.cpu(), want.indices)
+    got, want = torch.kthvalue(t, 4, 1), torch.kthvalue(x, 4, 1)  # which of several NaNs: unspecified
+    torch.testing.assert_close(got.values.cpu(), want.values, equal_nan=True, rtol=0, atol=0)
+    torch.testing.assert_close(x.gather(1, got.indices.cpu()[:, None])[:, 0], want.values, equal_nan=True, rtol=0, atol=0)
+    torch.testing.assert_close(torch.nanmedian(t, 1).values.cpu(), torch.nanmedian(x, 1).values, equal_nan=True)
+    assert torch.median(t).isnan().item() and torch.nanmedian(t).item() == torch.nanmedian(x).item()
+    assert torch.median(t[0]).item() == 2.0 and str(torch.median(t[0, 3:4]).item()) == "-0.0"
+    with pytest.raises(RuntimeError, match="out of range"):
+        torch.kthvalue(t, 6, 1)
+
+
+def test_binary_cross_entropy_like_cpu(no_fallback: None) -> None:
+    g = torch.Generator().manual_seed(0)
+    x = torch.rand(6, 5, generator=g).index_put_((torch.tensor([0, 1]), torch.tensor([0, 1])), torch.tensor([0.0, 1.0]))
+    y, w = torch.rand(6, 5, generator=g), torch.rand(5, generator=g)
+    for red in ("none", "mean", "sum"):
+        xt = x.to("tpu").requires_grad_()
+        got = F.binary_cross_entropy(xt, y.to("tpu"), weight=w.to("tpu"), reduction=red)
+        xc = x.clone().requires_grad_()
+        want = F.binary_cross_entropy(xc, y, weight=w, reduction=red)
+        torch.testing.assert_close(got.cpu(), want)  # log terms clamped at -100 at 0 and 1
+        got.sum().backward()
+        want.sum().backward()
+        torch.testing.assert_close(xt.grad.cpu(), xc.grad)
+    for bad in (torch.tensor([1.5, 0.5]), torch.tensor([float("nan"), 0.5])):
+        with pytest.raises(RuntimeError, match="input should be between 0 and 1"):
+            F.binary_cross_entropy(bad.to("tpu"), torch.tensor([0.0, 1.0], device="tpu")).item()
+    with pytest.raises(RuntimeError, match="target should be between 0 and 1"):
+        F.binary_cross_entropy(torch.tensor([0.5], device="tpu"), torch.tensor([2.0], device="tpu")).item()
+
+
+def test_grid_sample_like_cpu(no_fallback: None) -> None:
+    # Coordinates reach outside [-1, 1] so every padding mode matters; bfloat16 follows CPU's
+    # scalar kernel step by step (bitwise), float32 its vectorized one (within rounding).
+    g = torch.Generator().manual_seed(0)
+    for dt in (torch.float32, torch.bfloat16):
+        x = torch.randn(2, 3, 5, 7, generator=g).to(dt)
+        grid = (torch.rand(2, 4, 6, 2, generator=g) * 3 - 1.5).to(dt)
+        for mode, pad, align in (("bilinear", "zeros", False), ("bilinear", "reflection", True), ("nearest", "border", True),
+                                 ("nearest", "reflection", False), ("bicubic", "zeros", True), ("bicubic", "reflection", False)):
+            want = F.grid_sample(x, grid, mode=mode, padding_mode=pad, align_corners=align)
+            got = F.grid_sample(x.to("tpu"), grid.to("tpu"), mode=mode, padding_mode=pad, align_corners=align)
+            if dt == torch.bfloat16:
+                assert torch.equal(got.cpu(), want), (mode, pad, align)
+            else:
+                torch.testing.assert_close(got.cpu(), want, rtol=1e-5, atol=1e-5)
+
+
+def test_grid_sample_gradients_like_cpu(no_fallback: None) -> None:
+    g = torch.Generator().manual_seed(1)
+    x, grid = torch.randn(2, 3, 5, 7, generator=g), torch.rand(2, 4, 6, 2, generator=g) * 3 - 1.5
+    go = torch.randn(2, 3, 4, 6, generator=g)
+    for mode, pad, align in (("bilinear", "zeros", False), ("bilinear", "reflection", True), ("nearest", "border", False)):
+        grads = []
+        for dev in ("cpu", "tpu"):
+            xi, gi = x.to(dev).detach().requires_grad_(), grid.to(dev).detach().requires_grad_()
+            F.grid_sample(xi, gi, mode=mode, padding_mode=pad, align_corners=align).backward(go.to(dev))
+            grads.append((xi.grad.cpu(), gi.grad.cpu()))
+        torch.testing.assert_close(grads[1], grads[0], rtol=1e-5, atol=1e-5)
+
+
+def test_embedding_bag_and_max_norm_like_cpu(no_fallback: None) -> None:
+    # EmbeddingBag with an empty bag, padding_idx, include_last_offset and per-sample weights,
+    # forward and gradients; nn.Embedding(max_norm=...) renormalizes the looked-up rows in place.
+    g = torch.Generator().manual_seed(0)
+    w = torch.randn(10, 4, generator=g)
+    idx = torch.tensor([1, 2, 4, 5, 4, 3, 2, 9, 0, 0])
+    for mode, last, pad, psw in (("sum", False, 4, True), ("mean", True, None, False), ("max", False, 2, False)):
+        off = torch.tensor([0, 3, 3, 7, 10] if last else [0, 3, 3, 7])
+        ps = torch.rand(10, generator=g) if psw else None
+        res = []
+        for dev in ("cpu", "tpu"):
+            wi = w.to(dev).detach().requires_grad_()
+            pi = ps.to(dev).detach().requires_grad_() if ps is not None else None
+            out = F.embedding_bag(idx.to(dev), wi, off.to(dev), mode=mode, include_last_offset=last, padding_idx=pad,
+                                  per_sample_weights=pi)
+            out.backward(torch.arange(out.numel(), dtype=torch.float).reshape(out.shape).to(dev))
+            res.append([out.detach().cpu(), wi.grad.cpu()] + ([pi.grad.cpu()] if pi is not None else []))
+        torch.testing.assert_close(res[1], res[0])
+    with pytest.raises(RuntimeError, match="valid range"):
+        F.embedding_bag(torch.tensor([1, 11], device="tpu"), w.to("tpu"), torch.tensor([0], device="tpu")).cpu()
+    wc, wt = w * 3, (w * 3).to("tpu")
+    torch.testing.assert_close(F.embedding(idx.to("tpu"), wt, max_norm=1.5).cpu(), F.embedding(idx, wc, max_norm=1.5))
+    torch.testing.assert_close(wt.cpu(), wc)  # rows renormalized in place, the others untouched

@@ -95,3 +95,29 @@ def test_small_integral_scalars_are_constants_other_values_operands() -> None:
     before = _served()
     assert torch.allclose(torch.pow(xa, 4.5).cpu(), torch.pow(xc.abs(), 4.5))
     assert _served() - before == 1
+
+
+def test_matmul_precision_reaches_cached_contractions_only(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    # The signature leaves the matmul precision out: a cached add is served whatever the setting,
+    # while a cached mm planned at another precision is planned (and built) again at the new one.
+    monkeypatch.setenv("TORCH_TPU_DUMP_DIR", str(tmp_path))
+    g = torch.Generator().manual_seed(3)
+    ac, bc, xc = torch.randn(3, 13, generator=g), torch.randn(13, 6, generator=g), torch.randn(7, generator=g)
+    a, b, x = ac.to("tpu"), bc.to("tpu"), xc.to("tpu")
+    prev = torch.get_float32_matmul_precision()
+    try:
+        for _ in range(2):  # remembered, then served
+            torch.mm(a, b)
+            x + 1
+        before = _served()
+        torch.set_float32_matmul_precision("medium")
+        torch.mm(a, b)  # planned again: DEFAULT
+        assert torch.equal((x + 1).cpu(), xc + 1)  # served
+        assert _served() - before == 1
+        torch.set_float32_matmul_precision("highest")
+        out = torch.mm(a, b).cpu()  # planned again: HIGHEST, equal to CPU
+        torch.testing.assert_close(out, ac @ bc)
+        mm = [f.read_text() for f in tmp_path.glob("*.mlir") if "stablehlo.dot_general" in f.read_text()]
+        assert any("#stablehlo<precision DEFAULT>" in t for t in mm), mm
+    finally:
+        torch.set_float32_matmul_precision(prev)

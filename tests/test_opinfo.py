@@ -428,7 +428,7 @@ def _run_sample_inner(op, sample, rec: dict, random: bool, dtype: torch.dtype) -
     # Pristine float64 copy for the higher-precision check (the CPU run may mutate `sample`).
     hp = (_upcast(sample.input), _upcast(sample.args), _upcast(sample.kwargs)) \
         if dtype in HP_DTYPES and not random else None
-    pristine_input = _upcast(sample.input) if key in TIE_INDEX_OPS else None
+    pristine_input = _upcast(sample.input) if key in TIE_INDEX_OPS or key in TIE_PICK_OPS else None
     try:
         expected = op(sample.input, *sample.args, **sample.kwargs)
     except Exception:
@@ -683,9 +683,33 @@ def _grad_matches_higher_precision(op, hp, leaf_idx, weights, seed, proc, expect
 # (sort/argsort with stable=False, topk): index ties are accepted when the indices are a valid
 # choice, i.e. distinct and gathering the input at them gives the CPU's values.
 TIE_INDEX_OPS = {"sort": 0, "argsort": 0, "topk": 1}  # positional index of `dim` in sample.args
+# Reductions to one (value, index) per row whose index among equal values is "device-specific"
+# (PyTorch's docs for median/kthvalue): accepted when x at the index is the CPU's value.
+TIE_PICK_OPS = {"median": 0, "nanmedian": 0, "kthvalue": 1}
+
+
+def _pick_ties_ok(key, sample, x, actual, expected, dtype) -> bool:
+    try:
+        _compare(actual[0], expected[0], "values", False, dtype)
+        i = TIE_PICK_OPS[key]
+        dim = sample.kwargs.get("dim", sample.args[i] if len(sample.args) > i else -1)
+        keep = sample.kwargs.get("keepdim", sample.args[i + 1] if len(sample.args) > i + 1 else False)
+        idx = actual[1].cpu()
+        if idx.shape != expected[1].shape or idx.dtype != expected[1].dtype:
+            return False
+        if x.dim() == 0:
+            return bool((idx == expected[1]).all())
+        picked = x.gather(dim, idx if keep else idx.unsqueeze(dim))
+        torch.testing.assert_close(picked if keep else picked.squeeze(dim), expected[0], rtol=0, atol=0,
+                                   equal_nan=True)
+    except Exception:
+        return False
+    return True
 
 
 def _ties_ok(key, sample, x, actual, expected, dtype) -> bool:
+    if key in TIE_PICK_OPS and x is not None and isinstance(actual, (tuple, list)):
+        return _pick_ties_ok(key, sample, x, actual, expected, dtype)
     if key not in TIE_INDEX_OPS or x is None or sample.kwargs.get("stable"):
         return False
     try:

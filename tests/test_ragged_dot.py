@@ -121,21 +121,28 @@ def test_host_kernel_in_strict_fused_and_compiled_programs(tmp_path: object, mon
     if torch.tpu.ops.host_kernels() != "on":
         pytest.skip("no host kernels here")
     dumps = [str(tmp_path / n) for n in ("strict", "fused", "compiled", "off", "by_size")]  # type: ignore[operator]
-    # by default from 2**24 multiply-adds or 2**23 weights (below, XLA's dot is faster): 256 x 256 x 256 takes it
+    # by default (float32) from 2**20 multiply-adds or 2**21 weights (below, XLA's dot is as fast):
+    # 256 x 256 x 256 takes it
     monkeypatch.setenv("TORCH_TPU_DUMP_DIR", dumps[4])
     big, wbig = torch.randn(256, 256), torch.randn(2, 256, 256)
     gbig = torch.tensor([200, 56], dtype=torch.int64)  # int64 sizes go to the kernel as they are
     torch.testing.assert_close(torch.tpu.ops.ragged_dot(big.to("tpu"), wbig.to("tpu"), gbig.to("tpu")).cpu(),
                                _loop(big, wbig, [200, 56]), atol=1e-3, rtol=1e-4)
-    torch.testing.assert_close(torch.tpu.ops.ragged_dot(big[:128].to("tpu"), wbig.to("tpu"), (gbig // 2).to("tpu")).cpu(),
-                               _loop(big[:128], wbig, [100, 28]), atol=1e-3, rtol=1e-4)
-    # few rows against large experts (decode batch 2, 2**23 weights) take it however few the MACs
-    few, wide = torch.randn(2, 1024), torch.randn(8, 1024, 1024)
-    gfew = torch.tensor([0, 1, 0, 0, 0, 1, 0, 0], dtype=torch.int32)
+    small, wsmall = torch.randn(64, 64), torch.randn(2, 64, 128)
+    torch.testing.assert_close(torch.tpu.ops.ragged_dot(small.to("tpu"), wsmall.to("tpu"), (gbig // 4).to("tpu")).cpu(),
+                               _loop(small, wsmall, [50, 14]), atol=1e-3, rtol=1e-4)
+    # few rows against large experts (decode batch 1, 2**22 weights) take it however few the MACs
+    few, wide = torch.randn(1, 512), torch.randn(8, 512, 1024)
+    gfew = torch.tensor([0, 0, 0, 0, 0, 1, 0, 0], dtype=torch.int32)
     torch.testing.assert_close(torch.tpu.ops.ragged_dot(few.to("tpu"), wide.to("tpu"), gfew.to("tpu")).cpu(),
                                _loop(few, wide, gfew.tolist()), atol=1e-3, rtol=1e-4)
+    # bfloat16 pays oneDNN's setup per group: 2**21 MACs over 8 experts of 128 x 256 stay on XLA
+    mid, wmid = torch.randn(64, 128, dtype=torch.bfloat16), torch.randn(8, 128, 256, dtype=torch.bfloat16)
+    gmid = torch.tensor([8] * 8, dtype=torch.int32)
+    torch.testing.assert_close(torch.tpu.ops.ragged_dot(mid.to("tpu"), wmid.to("tpu"), gmid.to("tpu")).cpu(),
+                               _loop(mid.float(), wmid.float(), [8] * 8).bfloat16(), atol=0.1, rtol=0.02)
     text = _programs(dumps[4])
-    assert text.count('"torch_tpu.ragged_dot"') == 2  # the 128-row call (2**23 MACs, 2**17 weights) took XLA
+    assert text.count('"torch_tpu.ragged_dot"') == 2  # the 64-row f32 call (2**19 MACs) and bf16 one took XLA
     assert torch.tpu.ops.host_kernels("always") == "always"  # the small shapes below
     sizes = [6, 0, 9, 3]  # shapes no other test uses: every program below is compiled fresh
     lhs, rhs, grad = torch.randn(21, 12), torch.randn(4, 12, 10), torch.randn(21, 10)

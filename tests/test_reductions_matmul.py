@@ -449,6 +449,37 @@ def test_fused_rms_norm(dtype):
 
 
 
+@pytest.mark.parametrize("n", [2048, 4096])
+def test_trailing_row_sums_as_accurate_as_cpu(n):
+    # Sums over trailing rows of up to 2048 elements are a product with ones (shape_util.h
+    # row_sum); longer rows keep the reduce. Rows of mean 100 are cancellation-prone: the f32
+    # error against float64 must stay within 2x of ATen's own for sum, mean, layer norm (forward
+    # and input gradient) and RMS norm (4096-element rows through the product were 3x).
+    g = torch.Generator().manual_seed(n)
+    x = torch.randn(16, n, generator=g) * 3 + 100
+    w, b, go = torch.randn(n, generator=g), torch.randn(n, generator=g), torch.randn(16, n, generator=g)
+
+    def ln_and_grad(t, w, b, go):
+        t = t.detach().requires_grad_()
+        y = F.layer_norm(t, (n,), w, b)
+        (gx,) = torch.autograd.grad(y, t, go)
+        return y.detach(), gx
+
+    cases = {
+        "sum": (lambda t: t.sum(-1), (x,)),
+        "mean": (lambda t: t.mean(-1, keepdim=True), (x,)),
+        "layer_norm": (ln_and_grad, (x, w, b, go)),
+        "rms_norm": (lambda t, w: F.rms_norm(t, (n,), w), (x, w)),
+    }
+    for name, (fn, args) in cases.items():
+        ref = fn(*(a.double() for a in args))
+        cpu, tpu = fn(*args), fn(*to_dev(args))
+        for r, c, t in zip(*(o if isinstance(o, tuple) else (o,) for o in (ref, cpu, tpu)), strict=True):
+            err_cpu = (c.double() - r).abs().max().item()
+            err_tpu = (t.cpu().double() - r).abs().max().item()
+            assert err_tpu <= 2 * err_cpu + 1e-7, f"{name} n={n}: tpu error {err_tpu:.3g} vs CPU {err_cpu:.3g}"
+
+
 @NEEDS_BOOL_LIST
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_fused_rms_norm_backward(dtype, request):

@@ -22,12 +22,9 @@ void delete_state(void* ctx) {
   TpuAllocator::get().on_free(owned->device, owned->nbytes);
 }
 
-void update(c10::CachingDeviceAllocator::Stat& s, int64_t delta) {
-  s.current += delta;
-  if (delta > 0) s.allocated += delta; else s.freed -= delta;
-  s.peak = std::max(s.peak, s.current);
+void fill(c10::CachingDeviceAllocator::StatArray& out, const c10::CachingDeviceAllocator::Stat& s) {
+  for (auto& o : out) o = s;
 }
-
 // Host memory as the capacity of CPU-plugin devices (they allocate from it).
 std::pair<size_t, size_t> host_meminfo() {
   std::ifstream f("/proc/meminfo");
@@ -41,6 +38,12 @@ std::pair<size_t, size_t> host_meminfo() {
   return {avail, total};
 }
 }  // namespace
+
+void TpuAllocator::Counter::add(int64_t delta) {
+  current += delta;
+  if (delta > 0) allocated += delta; else freed -= delta;
+  peak = std::max(peak, current);
+}
 
 TpuAllocator& TpuAllocator::get() {
   static TpuAllocator* a = std::make_unique<TpuAllocator>().release();  // process lifetime
@@ -56,7 +59,7 @@ c10::DataPtr TpuAllocator::allocate(size_t nbytes) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     auto& st = stats_.at(device);
-    int64_t in_use = st.allocated_bytes[0].current;
+    int64_t in_use = st.bytes.current;
     if (nbytes > 0 && static_cast<size_t>(in_use) + nbytes > total) {
       TORCH_CHECK_WITH(OutOfMemoryError, false, "tpu out of memory: tried to allocate ", nbytes,
                        " bytes on tpu:", device, " with ", in_use, " bytes in use of ", total,
@@ -65,14 +68,8 @@ c10::DataPtr TpuAllocator::allocate(size_t nbytes) {
     }
     addr = next_addr_;
     next_addr_ += ((nbytes + 63) / 64) * 64 + 64;  // unique, 64-byte aligned, never reused
-    for (int i = 0; i < 3; ++i) {
-      update(st.allocated_bytes[i], static_cast<int64_t>(nbytes));
-      update(st.reserved_bytes[i], static_cast<int64_t>(nbytes));
-      update(st.active_bytes[i], static_cast<int64_t>(nbytes));
-      update(st.requested_bytes[i], static_cast<int64_t>(nbytes));
-      update(st.allocation[i], 1);
-      update(st.active[i], 1);
-    }
+    st.bytes.add(static_cast<int64_t>(nbytes));
+    st.blocks.add(1);
   }
   auto state = std::make_unique<runtime::StorageState>(device, nbytes);
   return {reinterpret_cast<void*>(addr), state.release(), &delete_state,
@@ -82,14 +79,8 @@ c10::DataPtr TpuAllocator::allocate(size_t nbytes) {
 void TpuAllocator::on_free(int device, size_t nbytes) {
   std::lock_guard<std::mutex> lock(mu_);
   auto& st = stats_.at(device);
-  for (int i = 0; i < 3; ++i) {
-    update(st.allocated_bytes[i], -static_cast<int64_t>(nbytes));
-    update(st.reserved_bytes[i], -static_cast<int64_t>(nbytes));
-    update(st.active_bytes[i], -static_cast<int64_t>(nbytes));
-    update(st.requested_bytes[i], -static_cast<int64_t>(nbytes));
-    update(st.allocation[i], -1);
-    update(st.active[i], -1);
-  }
+  st.bytes.add(-static_cast<int64_t>(nbytes));
+  st.blocks.add(-1);
 }
 
 void TpuAllocator::emptyCache(c10::MempoolId_t) {
@@ -102,26 +93,37 @@ void TpuAllocator::copy_data(void*, const void*, std::size_t) const {
 }
 
 c10::CachingDeviceAllocator::DeviceStats TpuAllocator::getDeviceStats(c10::DeviceIndex device) {
-  std::lock_guard<std::mutex> lock(mu_);
-  return stats_.at(device < 0 ? 0 : device);
+  Counters c;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    c = stats_.at(device < 0 ? 0 : device);
+  }
+  auto stat = [](const Counter& k) {
+    c10::CachingDeviceAllocator::Stat s{};
+    s.current = k.current;
+    s.peak = k.peak;
+    s.allocated = k.allocated;
+    s.freed = k.freed;
+    return s;
+  };
+  c10::CachingDeviceAllocator::DeviceStats out{};
+  for (auto* arr : {&out.allocated_bytes, &out.reserved_bytes, &out.active_bytes, &out.requested_bytes})
+    fill(*arr, stat(c.bytes));
+  fill(out.allocation, stat(c.blocks));
+  fill(out.active, stat(c.blocks));
+  return out;
 }
 
 void TpuAllocator::resetAccumulatedStats(c10::DeviceIndex device) {
   std::lock_guard<std::mutex> lock(mu_);
   auto& st = stats_.at(device < 0 ? 0 : device);
-  for (auto* arr : {&st.allocated_bytes, &st.reserved_bytes, &st.active_bytes, &st.requested_bytes,
-                    &st.allocation, &st.active}) {
-    for (auto& s : *arr) s.allocated = s.freed = 0;
-  }
+  for (Counter* k : {&st.bytes, &st.blocks}) k->allocated = k->freed = 0;
 }
 
 void TpuAllocator::resetPeakStats(c10::DeviceIndex device) {
   std::lock_guard<std::mutex> lock(mu_);
   auto& st = stats_.at(device < 0 ? 0 : device);
-  for (auto* arr : {&st.allocated_bytes, &st.reserved_bytes, &st.active_bytes, &st.requested_bytes,
-                    &st.allocation, &st.active}) {
-    for (auto& s : *arr) s.peak = s.current;
-  }
+  for (Counter* k : {&st.bytes, &st.blocks}) k->peak = k->current;
 }
 
 std::pair<size_t, size_t> TpuAllocator::getMemoryInfo(c10::DeviceIndex device) {

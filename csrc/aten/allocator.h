@@ -2,6 +2,7 @@
 #include <c10/core/CachingDeviceAllocator.h>
 
 #include <array>
+#include <cstdint>
 #include <mutex>
 
 namespace tpu::aten {
@@ -26,9 +27,19 @@ class TpuAllocator final : public c10::DeviceAllocator {
   static TpuAllocator& get();
 
  private:
+  // Every allocation is one block of exactly the requested size, so PyTorch's allocated /
+  // reserved / active / requested bytes are one number and allocation / active counts another,
+  // the same in all three pools: getDeviceStats() expands these.
+  struct Counter {
+    int64_t current = 0, peak = 0, allocated = 0, freed = 0;
+    void add(int64_t delta);
+  };
+  struct Counters {
+    Counter bytes, blocks;
+  };
   static constexpr int kMaxDevices = 64;
   std::mutex mu_;
-  std::array<c10::CachingDeviceAllocator::DeviceStats, kMaxDevices> stats_{};
+  std::array<Counters, kMaxDevices> stats_{};
   uint64_t next_addr_ = uint64_t{1} << 44;
 };
 

@@ -38,9 +38,9 @@ std::optional<int64_t> scalar_word(const c10::Scalar& sc) {
 
 CallSignature::CallSignature(const OpInfo& info, c10::ArrayRef<c10::IValue> args) {
   w_.push_back(reinterpret_cast<intptr_t>(&info));
-  // Global settings that reach the plan: eager mode (flattening), device checks, matmul precision.
-  w_.push_back((static_cast<int64_t>(runtime::Context::get().mode()) * 2 + (runtime::device_checks() ? 1 : 0)) * 8 +
-               static_cast<int64_t>(matmul_precision()));
+  // Global settings that reach the plan: eager mode (flattening), device checks. The matmul
+  // precision reaches only plans with a contraction: find_cached_call compares it for those.
+  w_.push_back(static_cast<int64_t>(runtime::Context::get().mode()) * 2 + (runtime::device_checks() ? 1 : 0));
   for (size_t j = 0; j < args.size() && valid_; ++j) value(info, args[j], j);
   // Pure factories are not cached: their scalar values can decide the output's shape (arange).
   if (!has_input_tensor_) valid_ = false;
@@ -156,13 +156,19 @@ void CallSignature::tensor(const at::Tensor& t) {
   w_.push_back(alias);
 }
 
+// Four independent lanes: a call's ~15-40 words hash in a quarter of the multiply chain one
+// lane needs (the hash is paid by every call, hit or not). Equal hashes are confirmed by words().
 uint64_t CallSignature::hash() const {
-  uint64_t h = 0xcbf29ce484222325ull;
-  for (int64_t x : w_) {
-    h ^= static_cast<uint64_t>(x) + 0x9E3779B97F4A7C15ull + (h << 6) + (h >> 2);
-    h *= 0x100000001b3ull;
-  }
-  return h;
+  constexpr uint64_t kMul = 0x9E3779B97F4A7C15ull;
+  uint64_t h[4] = {0xcbf29ce484222325ull, 0x84222325cbf29ce4ull, 0x100000001b3ull, w_.size()};
+  size_t i = 0;
+  for (; i + 4 <= w_.size(); i += 4)
+    for (int l = 0; l < 4; ++l) h[l] = (h[l] ^ static_cast<uint64_t>(w_[i + l])) * kMul;
+  for (int l = 0; i < w_.size(); ++i, ++l) h[l] = (h[l] ^ static_cast<uint64_t>(w_[i])) * kMul;
+  uint64_t x = h[0] ^ (h[1] << 17 | h[1] >> 47) ^ (h[2] << 31 | h[2] >> 33) ^ (h[3] << 47 | h[3] >> 17);
+  x ^= x >> 32;  // the high bits (where the products mix) into the low ones the table buckets by
+  x *= kMul;
+  return x ^ (x >> 29);
 }
 
 namespace {
@@ -185,6 +191,8 @@ std::shared_ptr<const CachedCall> find_cached_call(const CallSignature& sig) {
   }
   const auto& w = sig.words();
   if (hit->words.size() != w.size() || !std::equal(w.begin(), w.end(), hit->words.begin())) return nullptr;
+  // Planned at another precision: the full path plans again and replaces the entry.
+  if (hit->plan->uses_precision && hit->plan->precision != matmul_precision()) return nullptr;
   hits.fetch_add(1, std::memory_order_relaxed);
   return hit;
 }

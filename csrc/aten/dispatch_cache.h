@@ -1,6 +1,7 @@
 // The dispatch cache: the boxed kernel's fast path. A call's *signature* (the op, each tensor's
 // dtype/shape/strides/offset/storage size and which arguments share a storage, the constants,
-// the kinds but not the values of Python scalars and 0-d host tensors, the eager mode) maps to
+// the kinds but not the values of Python scalars and 0-d host tensors, the eager mode; the matmul
+// precision only for plans with a contraction, compared on a hit) maps to
 // everything the first call with that signature derived: output metadata, the plan (whose key,
 // program and result type follow from the signature) and where each of the plan's storages and
 // host operands comes from in the boxed call. A hit allocates the outputs, binds the plan to this

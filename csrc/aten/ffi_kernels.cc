@@ -246,7 +246,14 @@ std::pair<int64_t, int64_t> part_columns(int64_t n, int64_t parts, int64_t p) {
   return {std::min(n, p * step), p + 1 == parts ? n : std::min(n, (p + 1) * step)};
 }
 
-int64_t gemm_threads() { return at::in_parallel_region() ? 1 : at::get_num_threads(); }
+// Below kSoloMacs multiply-adds (~80 us of one thread's f32 GEMM) a call runs on the caller alone:
+// waking the helper costs ~40 us (a two-thread host-kernel call of 2 rows x [8,8,8] took 57-67 us
+// against the XLA path's 20-29 us at load 4-6, session 6), about what it would save.
+constexpr int64_t kSoloMacs = int64_t{1} << 22;
+
+int64_t gemm_threads(int64_t macs) {
+  return at::in_parallel_region() || macs < kSoloMacs ? 1 : at::get_num_threads();
+}
 
 // [M,K] x [G,K,N] -> [M,N]: group g owns rows [ends[g-1], ends[g]); rows past the last group are
 // zero. rhs arrives as [G,N,K] when `rhs_col_major` (nn.Linear-layout experts), multiplied through a
@@ -262,7 +269,7 @@ ffi::Error ragged_dot(ffi::AnyBuffer lhs, ffi::AnyBuffer rhs, ffi::AnyBuffer gro
     std::vector<int64_t> used;  // non-empty groups
     for (int64_t i = 0; i < g; ++i)
       if (e[i] > (i ? e[i - 1] : 0)) used.push_back(i);
-    const int64_t threads = gemm_threads();
+    const int64_t threads = gemm_threads(m * a.size(1) * n);
     const int64_t parts = column_parts(n, threads, static_cast<int64_t>(used.size()), a.element_size() < 4);
     run_tasks(static_cast<int64_t>(used.size()) * parts, threads, [&](int64_t t) {
       const int64_t i = used[t / parts], r0 = i ? e[i - 1] : 0;
@@ -291,7 +298,8 @@ ffi::Error ragged_dot_wgrad(ffi::AnyBuffer lhs, ffi::AnyBuffer grad, ffi::AnyBuf
     const std::vector<int64_t> e = group_ends(groups, group_sizes != 0, m);
     int64_t used = 0;
     for (int64_t i = 0; i < g; ++i) used += e[i] > (i ? e[i - 1] : 0);
-    const int64_t threads = gemm_threads(), parts = column_parts(n, threads, used, a.element_size() < 4);
+    const int64_t threads = gemm_threads(m * a.size(1) * n);
+    const int64_t parts = column_parts(n, threads, used, a.element_size() < 4);
     run_tasks(g * parts, threads, [&](int64_t t) {
       const int64_t i = t / parts, r0 = i ? e[i - 1] : 0;
       const auto [c0, c1] = part_columns(n, parts, t % parts);

@@ -217,32 +217,44 @@ bool flattenable(const lowering::OpEntry& entry, const std::vector<NamedArg>& ar
   return flatten;
 }
 
-// Whether the call's program records device checks. An entry declared .checked may record none
-// for some argument types (integer division checks its divisor, float division raises nothing:
-// the lowering guards each check by the element type), so the op is emitted once per signature
-// key to see (emitting costs 10-100 us, a remembered answer ~0.2). A call without checks then
-// has no status argument or result and takes no status lock. Planning path only (the dispatch
-// cache keeps the plan).
-bool emits_checks(const Plan& plan) {
-  shlo::Builder b;
-  runtime::emit_strict_body(b, plan);  // checking on: plan.checked is still true here
-  return b.has_errors();
-}
+// What a call's program text depends on beyond its key's structure, learned by emitting the op
+// once per plan key (10-100 us; a remembered answer ~0.2 us; planning path only, the dispatch
+// cache keeps the plan):
+// - checks: whether it records device checks. An entry declared .checked may record none for
+//   some argument types (integer division checks its divisor, float division raises nothing: the
+//   lowering guards each check by the element type). A call without checks has no status argument
+//   or result and takes no status lock.
+// - precision: whether it has a contraction (dot_general / convolution carry precision_config).
+//   Only then does torch.set_float32_matmul_precision change the program, so only then does a
+//   dispatch-cache hit compare the precision (aten/dispatch_cache.cc): the other ops skip
+//   at::Context's precision lookup per call.
+struct ProgramTraits {
+  bool checks = false;
+  bool precision = true;
+};
 
-bool records_checks(const Plan& plan) {
-  if (!plan.entry->checked) return false;
-  if (!runtime::device_checks()) return true;  // the runtime adds no status while checks are off
+ProgramTraits program_traits(const Plan& plan) {
   static std::mutex mu;
-  static auto* known = std::make_unique<std::unordered_map<std::string, bool>>().release();
+  static auto* known = std::make_unique<std::unordered_map<std::string, ProgramTraits>>().release();
+  const bool checking = plan.entry->checked && runtime::device_checks();
+  std::string key = plan.key;
+  key += checking ? "#c" : "#-";  // emitted with and without checks: different texts
   {
     std::lock_guard<std::mutex> lock(mu);
-    if (auto it = known->find(plan.key); it != known->end()) return it->second;
+    if (auto it = known->find(key); it != known->end()) return it->second;
   }
-  const bool checks = emits_checks(plan);
+  shlo::Builder b;
+  std::vector<Value> cur = runtime::emit_strict_body(b, plan);  // plan.checked is still the entry's
+  std::vector<Value> results;
+  for (size_t i = 0; i < plan.slots.size(); ++i)
+    if (plan.slots[i].written) results.push_back(cur[i]);
+  ProgramTraits t;
+  t.checks = b.has_errors();
+  t.precision = b.module(results).find("#stablehlo<precision") != std::string::npos;
   std::lock_guard<std::mutex> lock(mu);
   if (known->size() >= 4096) known->clear();  // bounded; a forgotten key is emitted again
-  known->emplace(plan.key, checks);
-  return checks;
+  known->emplace(std::move(key), t);
+  return t;
 }
 
 // TensorIterator's memory-overlap rule, for the lowered ops whose CPU kernel is a TensorIterator
@@ -515,7 +527,10 @@ void run_lowering(const std::string& name, const std::string& overload,
   for (size_t j = 0; j < all_args.size(); ++j)
     plan.args.push_back(plan_argument(pl, plan, *all_args[j], static_cast<int>(j), counters, outs));
   plan_outputs(pl, plan, outs, common);
-  plan.checked = records_checks(plan);
+  const ProgramTraits traits = program_traits(plan);
+  // Checks off: the runtime adds no status whatever the lowering records.
+  plan.checked = entry.checked && (!runtime::device_checks() || traits.checks);
+  plan.uses_precision = traits.precision;
   call.device = std::max(pl.device(), 0);
   call.plan = plan_ptr;
   runtime::ProgramPtr program;

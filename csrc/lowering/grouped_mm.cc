@@ -344,29 +344,48 @@ std::string grouped_mm_path() {
 
 std::atomic<bool> host_available{false}, host_enabled{true}, host_any_size{false};
 
-// The host kernel is used from kHostKernelMinMacs multiply-adds (rows x K x N over all groups), or
-// from kHostKernelMinWeights elements of the [G,K,N] weights (output, for the weight gradient).
-// Below both, XLA's small dot is faster: the 4-expert, hidden-64 models of bench_grouped_mm decode
-// at 0.8x the tokens/s when their 4M-MAC prefill and 0.5M-MAC decode calls take the host kernel,
-// and 16 rows x [8,512,512] (4M MACs, 2M weights) runs 0.84-0.98x. The XLA paths' cost grows with
-// the weights (a window of rows per group against every expert), so few rows against large experts
-// (decode batch 1-4 of a real-size MoE) take the host kernel however few the MACs: 2 rows x
-// [8,2048,1408] (6M MACs, 23M weights) ran 2-4x faster on it, 8 rows x [64,768,2048] 4-8x
-// (docs/kernels.md); at the benchmark shape (67M MACs) 1.1-1.5x.
-constexpr int64_t kHostKernelMinMacs = int64_t{1} << 24;
-constexpr int64_t kHostKernelMinWeights = int64_t{1} << 23;
+// When the host kernel beats the XLA path, from the work each does on one thread (process CPU time,
+// host kernel with torch.set_num_threads(1) vs XLA with --xla_cpu_multi_thread_eigen=false, medians of
+// 7-9 alternated rounds, load 8-10, /work/wt/notes/issue-10.md; wall times at that load only agree).
+// float32 (MKL): the host kernel did less work at every MoE shape measured, e.g. ms host / XLA
+//   forward: 128 rows x [4,64,64] 0.034 / 0.071, 64 x [8,128,128] 0.059 / 0.077,
+//   128 x [8,128,256] 0.120 / 0.118, 16 x [8,512,512] 0.38 / 0.51, 128 x [8,512,1024] (decode batch
+//   64, the benchmark shape) 1.38-1.51 / 1.85-2.02, 1024 x [8,512,1024] 6.8 / 15.4, 2 x [8,2048,1408]
+//   0.92 / 3.9; weight gradient: the same shapes 0.03-0.07 vs 0.04-0.07 at the smallest, 1.26 / 3.47 at
+//   the benchmark shape. From 2^20 MACs (or 2^21 weights) it is taken: below, a call is a few tens of
+//   microseconds either way.
+// bfloat16/float16 (oneDNN, AMX): each group's GEMM costs ~20-25 us of oneDNN setup, so the XLA path
+//   wins on small experts: 128 x [8,128,256] 0.25 / 0.08-0.13, 32 x [8,256,512] 0.39 / 0.30,
+//   128 x [4,64,64] 0.10 / 0.03-0.06; the host kernel wins once each expert has 2^18 weights
+//   (16 x [8,512,512] 0.48 / 0.54, 2 x [8,512,1024] 0.25 / 0.45, the benchmark shape 0.89 / 1.73,
+//   8 x [64,2048,768] 2.3 / 23.8) or each group averages 2^20 MACs (1024 x [4,64,64] 0.12 / 0.13,
+//   weight gradient 0.15 / 0.33). Weight gradients follow the same bounds (output [G,K,N]).
+// The XLA paths' cost grows with the weights (a window of rows per group against every expert), so
+// few rows against large experts (decode batch 1-4 of a real-size MoE) take the host kernel however
+// few the MACs (8 rows x [64,2048,768]: 10x less work).
+constexpr int64_t kHostKernelMinMacs32 = int64_t{1} << 20;
+constexpr int64_t kHostKernelMinWeights32 = int64_t{1} << 21;
+constexpr int64_t kHostKernelMinGroupMacs16 = int64_t{1} << 20;
+constexpr int64_t kHostKernelMinExpert16 = int64_t{1} << 18;
+constexpr int64_t kHostKernelMinWeights16 = int64_t{1} << 21;
 
 // Whether this call takes the host kernel: the boxed kernels pass the switch as the hint
 // "host_kernel" (part of the plan key); compiled graphs, which have no hint, read it now.
-// TORCH_TPU_GROUPED_MM=<strategy> forces an XLA strategy instead.
-bool use_host_kernel(const OpCall& c, ElemType in, ElemType out, int64_t macs, int64_t weights) {
+// TORCH_TPU_GROUPED_MM=<strategy> forces an XLA strategy instead. `macs`: rows x K x N over all
+// groups; `g` groups of `k` x `n` weights (the output's [G,K,N] for the weight gradient).
+bool use_host_kernel(const OpCall& c, ElemType in, ElemType out, int64_t macs, int64_t g, int64_t k, int64_t n) {
   if (!host_kernels_available() || in != out) return false;
   if (in != ElemType::F32 && in != ElemType::BF16 && in != ElemType::F16) return false;
   const std::string p = grouped_mm_path();
   if (!p.empty() && p != "host") return false;
   const bool on = c.has("host_kernel") ? c.bool_("host_kernel") : host_kernels_enabled();
   const bool any_size = c.has("host_kernel_any_size") ? c.bool_("host_kernel_any_size") : host_kernels_any_size();
-  return on && (any_size || macs >= kHostKernelMinMacs || weights >= kHostKernelMinWeights);
+  if (!on) return false;
+  if (any_size) return true;
+  const int64_t weights = g * k * n;
+  if (in == ElemType::F32) return macs >= kHostKernelMinMacs32 || weights >= kHostKernelMinWeights32;
+  return macs >= std::max<int64_t>(g, 1) * kHostKernelMinGroupMacs16 ||
+         (k * n >= kHostKernelMinExpert16 && weights >= kHostKernelMinWeights16);
 }
 
 Value host_call(Builder& b, const char* target, const std::vector<Value>& operands, const Type& out,
@@ -435,7 +454,7 @@ TPU_LOWER(_grouped_mm) {
 
   if (ra == 2 && rw == 3) {  // [M,K] x [G,K,N]: offs over rows
     const int64_t macs = a.shape()[0] * a.shape()[1] * w.shape()[2];
-    if (use_host_kernel(c, a.elem(), o.elem, macs, g * a.shape()[1] * w.shape()[2]))
+    if (use_host_kernel(c, a.elem(), o.elem, macs, g, a.shape()[1], w.shape()[2]))
       return {rows_host(b, a, w, offs, false, o.elem, c.bool_("mat2_col_major"))};
     return {rows_dispatch(b, a, w, offs, t, c.bool_("mat2_col_major"))};
   }
@@ -446,7 +465,8 @@ TPU_LOWER(_grouped_mm) {
     return {select_group(b, all, mask, 0)};
   }
   if (ra == 2 && rw == 2) {  // [M,K] x [K,N]: offs over K -> [G,M,N]
-    if (use_host_kernel(c, a.elem(), o.elem, a.shape()[0] * a.shape()[1] * w.shape()[1], o.numel()))
+    if (use_host_kernel(c, a.elem(), o.elem, a.shape()[0] * a.shape()[1] * w.shape()[1], g, a.shape()[0],
+                        w.shape()[1]))
       return {k_host(b, b.transpose(a, {1, 0}), w, offs, false, o.elem)};
     if (grouped_mm_path() != "dense" && grouped_mm_path() != "tiled") return {k_windowed(b, a, w, offs, t)};
     const int64_t m = a.shape()[0], k = a.shape()[1], n = w.shape()[1];
@@ -484,7 +504,8 @@ TPU_LOWER(ragged_dot) {
   const Type& o = out_type(c);
   if (o.numel() == 0) return {b.zeros(o)};
   const Value lhs = c.tensor("lhs"), rhs = c.tensor("rhs"), sizes = c.tensor("group_sizes");
-  if (use_host_kernel(c, lhs.elem(), o.elem, lhs.shape()[0] * lhs.shape()[1] * o.shape[1], rhs.type.numel()))
+  if (use_host_kernel(c, lhs.elem(), o.elem, lhs.shape()[0] * lhs.shape()[1] * o.shape[1], rhs.shape()[0],
+                      rhs.shape()[1], rhs.shape()[2]))
     return {rows_host(b, lhs, rhs, sizes, true, o.elem, c.bool_("rhs_col_major"))};
   return {rows_dispatch(b, lhs, rhs, group_ends(b, sizes, lhs.shape()[0]), opmath(o.elem), c.bool_("rhs_col_major"))};
 }
@@ -493,7 +514,8 @@ TPU_LOWER(ragged_dot_weight_grad) {
   const Type& o = out_type(c);
   if (o.numel() == 0) return {b.zeros(o)};
   const Value lhs = c.tensor("lhs"), grad = c.tensor("grad"), sizes = c.tensor("group_sizes");
-  if (use_host_kernel(c, lhs.elem(), o.elem, lhs.shape()[0] * lhs.shape()[1] * o.shape[2], o.numel()))
+  if (use_host_kernel(c, lhs.elem(), o.elem, lhs.shape()[0] * lhs.shape()[1] * o.shape[2], o.shape[0], o.shape[1],
+                      o.shape[2]))
     return {k_host(b, lhs, grad, sizes, true, o.elem)};
   return {k_windowed(b, b.transpose(lhs, {1, 0}), grad, group_ends(b, sizes, lhs.shape()[0]), opmath(o.elem))};
 }

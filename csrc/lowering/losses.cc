@@ -1,5 +1,5 @@
 // Losses: nll_loss (1d/2d, forward + backward, device-checked targets), mse_loss, huber /
-// smooth_l1 (+ backward), binary_cross_entropy_backward.
+// smooth_l1 (+ backward), binary_cross_entropy (+ backward).
 //
 // All math runs in opmath (f16/bf16 -> f32); the runtime converts results to the output dtypes
 // PyTorch's meta functions chose.
@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "lowering.h"
+#include "elementwise_math.h"
 #include "shape_util.h"
 
 namespace tpu::lowering {
@@ -200,6 +201,29 @@ TPU_LOWER(huber_loss) { return robust_loss(b, c, true); }
 TPU_LOWER(smooth_l1_loss) { return robust_loss(b, c, false); }
 TPU_LOWER(huber_loss_backward) { return robust_loss_backward(b, c, true); }
 TPU_LOWER(smooth_l1_loss_backward) { return robust_loss_backward(b, c, false); }
+
+// CPU's kernel: an input or target outside [0, 1] (or NaN) raises; each log term is clamped at
+// -100 so 0 and 1 give finite losses: (t - 1) max(log1p(-x), -100) - t max(log x, -100), times w.
+TPU_LOWER_CHECKED(binary_cross_entropy) {
+  const Type& o = out_type(c);
+  Value self = c.tensor("self");
+  ElemType t = opmath(self.elem());
+  const Shape& s = self.shape();
+  Value x = b.convert(self, t), y = operand(b, c.arg("target"), t, s);
+  if (b.checking()) {
+    auto outside = [&](Value v) {
+      return b.not_(b.and_(b.compare(Cmp::GE, v, b.zeros(Type{t, s})),
+                           b.compare(Cmp::LE, v, b.constant_f(1, t, s))));
+    };
+    check(b, outside(x), CheckKind::Runtime, "all elements of input should be between 0 and 1");
+    check(b, outside(y), CheckKind::Runtime, "all elements of target should be between 0 and 1");
+  }
+  Value floor = b.constant_f(-100, t, s);
+  Value log_1mx = b.max(ew::log1p(b, b.neg(x)), floor), log_x = b.max(b.log(x), floor);
+  Value loss = b.sub(b.mul(b.sub(y, b.constant_f(1, t, s)), log_1mx), b.mul(y, log_x));
+  if (c.has("weight")) loss = b.mul(loss, operand(b, c.arg("weight"), t, s));
+  return {reduce_loss(b, loss, c.int_("reduction", 1), o)};
+}
 
 // d/dx of -w (t log x + (1 - t) log(1 - x)): w g (x - t) / max((1 - x) x, 1e-12), / numel for mean.
 TPU_LOWER(binary_cross_entropy_backward) {

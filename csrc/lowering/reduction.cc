@@ -125,7 +125,7 @@ TPU_LOWER(sum) {
   const Type& o = out_type(c);
   Value x = c.tensor("self");
   auto dims = reduce_dims(c, "dim", x.rank());
-  return {fit(b, rsum(b, input_as(b, x, o.elem), dims), o)};
+  return {fit(b, row_sum(b, input_as(b, x, o.elem), dims), o)};
 }
 
 TPU_LOWER(mean) {
@@ -134,7 +134,7 @@ TPU_LOWER(mean) {
   if (!shlo::is_float(o.elem)) throw Unsupported("mean: non-float output");
   auto dims = reduce_dims(c, "dim", x.rank());
   ElemType t = acc_type(o.elem);
-  Value s = rsum(b, input_as(b, x, o.elem), dims);
+  Value s = row_sum(b, input_as(b, x, o.elem), dims);
   int64_t n = reduced_numel(x.shape(), dims);
   return {fit(b, b.div(s, b.constant_f(static_cast<double>(n), t, s.shape())), o)};
 }

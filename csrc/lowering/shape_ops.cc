@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "lowering.h"
+#include "shape_util.h"
 
 namespace tpu::lowering {
 namespace {
@@ -35,24 +36,6 @@ Value roll_dim(Builder& b, Value x, int64_t shift, int64_t dim) {
   Value tail = b.slice(x, tail_start, limit);
   Value head = b.slice(x, start, head_limit);
   return b.concatenate({tail, head}, dim);
-}
-
-Value is_nan(Builder& b, Value x) { return b.compare(Cmp::NE, x, x); }
-
-// Sorts x along dim; returns (values, s64 indices). NaN is greater than everything (PyTorch).
-std::pair<Value, Value> sort_with_indices(Builder& b, Value x, int64_t dim, bool descending) {
-  Value idx = b.iota(Type{I64, x.shape()}, dim);
-  bool fl = is_float(x.elem());
-  auto r = b.sort({x, idx}, dim, [&](const std::vector<Value>& a) {
-    Value l = a[0], r = a[1];
-    Value lt = b.compare(descending ? Cmp::GT : Cmp::LT, l, r);
-    if (!fl) return lt;
-    Value ln = is_nan(b, l), rn = is_nan(b, r);
-    // ascending: l < r or (!isnan(l) and isnan(r)); descending: l > r or (isnan(l) and !isnan(r))
-    Value nan_order = descending ? b.and_(ln, b.not_(rn)) : b.and_(b.not_(ln), rn);
-    return b.or_(lt, nan_order);
-  });
-  return {r[0], r[1]};
 }
 
 // Padding for the last k dims from a PyTorch pad list (last dim first).

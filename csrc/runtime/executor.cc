@@ -7,6 +7,7 @@
 #include <optional>
 #include <iterator>
 #include <unordered_map>
+#include <utility>
 
 #include "compile_cache.h"
 #include "context.h"
@@ -24,11 +25,24 @@ DispatchStats& dispatch_stats() {
 }
 
 namespace {
-// Back-pressure: never more than kMaxInflight launches queued (PJRT keeps its own queue too).
+// Launches without outputs keep completion events: never more than kMaxInflight queued (PJRT
+// bounds its own queue of outputs-producing launches), completed ones dropped every kPollEvery.
 constexpr size_t kMaxInflight = 512;
-// Completed launches are dropped from the front of the queue every kPollEvery launches (an
-// IsReady query per launch costs more than the bookkeeping it saves).
 constexpr size_t kPollEvery = 16;
+// Threads that stopped launching leave their last launch behind: past this many entries, the
+// completed ones are dropped.
+constexpr size_t kMaxLastLaunches = 64;
+
+// Whether a tracked output's producer finished. A donated output (an in-place op consumed it) is
+// done for this purpose: the consuming launch waited for it and is tracked itself.
+bool finished(const pjrt::Buffer& out) {
+  try {
+    return out.ready();
+  } catch (const pjrt::Error&) {
+    if (out.is_deleted()) return true;
+    throw;
+  }
+}
 }  // namespace
 
 Executor& Executor::get() {
@@ -44,10 +58,9 @@ std::vector<pjrt::BufferPtr> Executor::launch(const pjrt::Executable& exe, int d
   prof::Range prof_range("launch", what);
   const bool blocking = ctx.mode() == EagerMode::DeferNeverLaunchBlocking;
   launches_.fetch_add(1, std::memory_order_relaxed);
-  // Every launch takes a completion event: synchronize() must wait for all launched work, also
-  // for launches whose outputs were already dropped (a timing loop that discards its results).
+  const bool tracked_by_output = !blocking && exe.num_outputs() > 0;
   std::unique_ptr<pjrt::Event> done;
-  auto outs = exe.execute(ctx.device(device), args, non_donatable, &done);
+  auto outs = exe.execute(ctx.device(device), args, non_donatable, tracked_by_output ? nullptr : &done);
   prof::track_launch(prof_range, outs, device, what);
   if (blocking) {
     try {
@@ -55,6 +68,21 @@ std::vector<pjrt::BufferPtr> Executor::launch(const pjrt::Executable& exe, int d
     } catch (const pjrt::Error& e) {
       throw pjrt::Error("torch_tpu: " + what + " failed on the device: " + e.what(), e.code());
     }
+    return outs;
+  }
+  if (tracked_by_output) {
+    pjrt::BufferPtr replaced;  // dropped outside the lock (it may be the buffer's last owner)
+    const std::thread::id self = std::this_thread::get_id();
+    std::lock_guard<std::mutex> lock(mu_);
+    for (LastLaunch& l : last_) {
+      if (l.thread == self && l.device == device) {
+        replaced = std::exchange(l.out, outs.front());
+        return outs;
+      }
+    }
+    if (last_.size() >= kMaxLastLaunches)
+      std::erase_if(last_, [](const LastLaunch& l) { return finished(*l.out); });
+    last_.push_back({self, device, outs.front()});
     return outs;
   }
   std::unique_ptr<pjrt::Event> oldest;
@@ -75,17 +103,27 @@ std::vector<pjrt::BufferPtr> Executor::launch(const pjrt::Executable& exe, int d
 void Executor::synchronize() {
   prof::Range prof_range("synchronize");
   std::deque<std::unique_ptr<pjrt::Event>> pending;
+  std::vector<LastLaunch> last;
   {
     std::lock_guard<std::mutex> lock(mu_);
     pending.swap(inflight_);
+    last.swap(last_);
   }
   for (auto& e : pending) e->wait();
+  for (const LastLaunch& l : last) {
+    try {
+      l.out->wait_ready();  // raises the launch's error, as its completion event did
+    } catch (const pjrt::Error&) {
+      if (!l.out->is_deleted()) throw;  // donated: its consumer waited for it and is tracked
+    }
+  }
 }
 
 bool Executor::idle() {
   std::lock_guard<std::mutex> lock(mu_);
   while (!inflight_.empty() && inflight_.front()->ready()) inflight_.pop_front();
-  return inflight_.empty();
+  std::erase_if(last_, [](const LastLaunch& l) { return finished(*l.out); });
+  return inflight_.empty() && last_.empty();
 }
 
 }  // namespace tpu::runtime

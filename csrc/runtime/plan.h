@@ -88,6 +88,9 @@ struct Plan {
   // check for these argument types): it takes and returns the device's error status while
   // device checks are on. Set when planning (aten/plan_call.cc).
   bool checked = false;
+  // The program has a contraction, so its text follows `precision` (dispatch-cache hits compare
+  // it with the current setting; other plans serve every precision). Set when planning.
+  bool uses_precision = true;
   // Fused eager's short name for `key` in trace keys (0 until first recorded; set under the
   // pending-program lock, runtime/executor.cc).
   mutable uint64_t trace_key_id = 0;
