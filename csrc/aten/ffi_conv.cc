@@ -11,16 +11,16 @@
 //
 // The handler computes at::convolution (stride, padding, dilation, transposed, output_padding,
 // groups: every conv PyTorch has) and copies the result into the output buffer. Results equal
-// PyTorch CPU's (same kernel, same algorithm choice; the batch split below changes no element).
+// PyTorch CPU's (same kernel and algorithm choice as a one-thread CPU call).
 //
-// Threads: each call runs oneDNN with one OpenMP thread, the batch cut in two halves that the
-// calling XLA thread and one inter-op pool task take from a shared counter (the caller never waits
-// for the task to start, only for a half it already took). An OpenMP team inside the program
-// waited for its second thread behind XLA's spinning pool threads and other processes: in
-// AutoencoderKL at load 9-17, one OpenMP thread per conv cut the compiled forward's process CPU
-// time 20.8 -> 15.5 ms and its median wall time 38.6 -> 24.8 ms.
+// Threads: one OpenMP thread (oneDNN follows OpenMP's team size), on the XLA thread that runs the
+// custom call. An OpenMP team inside the program waits for its second thread behind XLA's pool
+// threads and other processes, and splitting the batch between the caller and an inter-op pool
+// task cost more than it gained. AutoencoderKL compiled forward, alternated processes at load
+// 4.6-5.1: one thread 16.9 / 19.7 ms wall (16.6 / 15.6 ms process CPU), batch halves on two
+// threads 31.4 / 28.4 ms (20.6 / 21.1); at load 9-17 one thread vs the default OpenMP team:
+// 24.8 vs 38.6 ms median wall (15.5 vs 20.8 ms process CPU).
 #if __has_include("xla/ffi/api/ffi.h")
-#include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/convolution.h>
 #include <ATen/ops/from_blob.h>
@@ -43,13 +43,8 @@
 
 #include <dlfcn.h>
 
-#include <atomic>
 #include <exception>
-#include <functional>
-#include <memory>
-#include <mutex>
 #include <optional>
-#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -122,42 +117,6 @@ class OneOmpThread {
   int prev_ = 0;
 };
 
-// Parts 0..total-1 taken from one counter by the caller and one helper task on ATen's inter-op
-// pool. The state outlives the call (shared_ptr): a helper that starts after the caller returned
-// finds no part left and never touches the call's buffers.
-struct Parts {
-  std::atomic<int64_t> next{0}, done{0};
-  int64_t total = 0;
-  std::function<void(int64_t)> part;
-  std::mutex mu;
-  std::string error;
-
-  void work() {
-    c10::InferenceMode no_autograd;
-    OneOmpThread one;
-    for (int64_t i; (i = next.fetch_add(1)) < total;) {
-      try {
-        part(i);
-      } catch (const std::exception& e) {
-        std::lock_guard<std::mutex> lock(mu);
-        if (error.empty()) error = e.what();
-      }
-      if (done.fetch_add(1, std::memory_order_release) + 1 == total) done.notify_all();
-    }
-  }
-};
-
-void run_parts(int64_t total, std::function<void(int64_t)> part) {
-  auto st = std::make_shared<Parts>();
-  st->total = total;
-  st->part = std::move(part);
-  if (total > 1) at::launch([st] { st->work(); });
-  st->work();
-  for (int64_t d; (d = st->done.load(std::memory_order_acquire)) < total;) st->done.wait(d, std::memory_order_acquire);
-  st->part = nullptr;
-  if (!st->error.empty()) throw std::runtime_error(st->error);
-}
-
 // input [N, Cin, s...], weight [Cout, Cin/G, k...] (transposed: [Cin, Cout/G, k...]), bias [Cout]
 // when has_bias (otherwise the third operand is a placeholder) -> out [N, Cout, o...].
 ffi::Error host_conv(ffi::AnyBuffer input, ffi::AnyBuffer weight, ffi::AnyBuffer bias,
@@ -166,18 +125,15 @@ ffi::Error host_conv(ffi::AnyBuffer input, ffi::AnyBuffer weight, ffi::AnyBuffer
                      ffi::Span<const int64_t> output_padding, int64_t transposed, int64_t groups,
                      int64_t has_bias) {
   try {
+    c10::InferenceMode no_autograd;
+    OneOmpThread one;
     at::Tensor x = wrap_buffer(input), w = wrap_buffer(weight), y = wrap_buffer(*out);
     std::optional<at::Tensor> b;
     if (has_bias) b = wrap_buffer(bias);
-    const int64_t n = x.size(0), parts = n >= 2 ? 2 : 1;
-    run_parts(parts, [&](int64_t i) {
-      const int64_t r0 = n * i / parts, r1 = n * (i + 1) / parts;
-      at::Tensor r = at::convolution(x.narrow(0, r0, r1 - r0), w, b, vec(stride), vec(padding), vec(dilation),
-                                     transposed != 0, vec(output_padding), groups);
-      at::Tensor yi = y.narrow(0, r0, r1 - r0);
-      TORCH_CHECK(r.sizes() == yi.sizes(), "result ", r.sizes(), " does not match the output ", yi.sizes());
-      yi.copy_(r);
-    });
+    at::Tensor r = at::convolution(x, w, b, vec(stride), vec(padding), vec(dilation), transposed != 0,
+                                   vec(output_padding), groups);
+    TORCH_CHECK(r.sizes() == y.sizes(), "result ", r.sizes(), " does not match the output ", y.sizes());
+    y.copy_(r);
   } catch (const std::exception& ex) {
     return ffi::Error(ffi::ErrorCode::kInternal, std::string("torch_tpu.conv: ") + ex.what());
   }
