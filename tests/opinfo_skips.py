@@ -77,8 +77,16 @@ _GRAD_TIES = (
     "different (equal-valued) element; forward values match"
 )
 
+_MODE_TIES = (
+    "tie order, not a bug: mode's CPU kernel returns the index of whichever occurrence its unstable "
+    "std::sort leaves last (the last occurrence only for slices of <= 16 elements); the tpu lowering "
+    "returns the last occurrence, so on the 3000-element sample the gradient lands on a different "
+    "equal-valued element; forward values match"
+)
+
 GRAD_SKIPS: dict[tuple[str, str], str] = {
     **{(op, "bfloat16"): _GRAD_TIES for op in ("sort", "msort", "topk")},
+    **{("mode", ds): _MODE_TIES for ds in ("bfloat16", "float16")},
     ("nn.functional.normalize", "bfloat16"): (
         "numerical mismatch: p=0.5 samples, grads differ by up to 0.0625 absolute (3 of 40 "
         "elements) in the norm backward of bfloat16 inputs"

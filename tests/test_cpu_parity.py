@@ -194,3 +194,110 @@ def test_embedding_bag_and_max_norm_like_cpu(no_fallback: None) -> None:
     wc, wt = w * 3, (w * 3).to("tpu")
     torch.testing.assert_close(F.embedding(idx.to("tpu"), wt, max_norm=1.5).cpu(), F.embedding(idx, wc, max_norm=1.5))
     torch.testing.assert_close(wt.cpu(), wc)  # rows renormalized in place, the others untouched
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    return t.view({2: torch.int16, 4: torch.int32, 8: torch.int64}[t.element_size()])
+
+
+def test_frexp_nextafter_bits_like_cpu(no_fallback: None) -> None:
+    # Bit-exact against CPU: signed zeros, inf/NaN passthrough, subnormals (normalised mantissa,
+    # exponent below the normal range), stepping across zero and to inf.
+    inf, nan = float("inf"), float("nan")
+    for dt in (torch.float16, torch.bfloat16, torch.float32):  # float64: the same code, other constants
+        fi = torch.finfo(dt)
+        tiny = fi.smallest_normal
+        x = torch.tensor([0.0, -0.0, 1.0, -3.5, inf, nan, -inf, tiny / 3, -tiny / 7, tiny, fi.max, -0.3], dtype=dt)
+        m, e = torch.frexp(x)
+        mt, et = torch.frexp(x.to("tpu"))
+        assert torch.equal(_bits(mt.cpu()), _bits(m)) and torch.equal(et.cpu(), e), dt
+        a = torch.tensor([0.0, 0.0, -0.0, 1.0, 1.0, -1.0, -1.0, tiny, -tiny, nan, 1.0, inf, -inf, fi.max, 0.0, tiny / 4],
+                         dtype=dt)
+        b = torch.tensor([-1.0, 1.0, 0.0, 2.0, 0.0, -2.0, 0.0, 0.0, 0.0, 1.0, nan, 0.0, 0.0, inf, -0.0, 1.0], dtype=dt)
+        want, got = torch.nextafter(a, b), torch.nextafter(a.to("tpu"), b.to("tpu")).cpu()
+        assert torch.equal(want.isnan(), got.isnan()), dt
+        assert torch.equal(_bits(want)[~want.isnan()], _bits(got)[~got.isnan()]), dt
+    x = torch.ones(2, device="tpu")
+    with pytest.raises(RuntimeError, match="expects exponent to have int dtype"):
+        torch.frexp(x, out=(torch.empty_like(x), torch.empty(2, dtype=torch.int64, device="tpu")))
+
+
+def test_mode_like_cpu(no_fallback: None) -> None:
+    # Values and indices equal CPU's on short slices (its insertion sort, NaNs stopping it, keeps
+    # equal values in order: the last occurrence); ties go to the smallest value; NaNs count once each.
+    g = torch.Generator().manual_seed(0)
+    nan = float("nan")
+    cases = [(torch.tensor([[3, 1, 3, 1, 2], [5, 5, 5, 2, 2]]), 1, False), (torch.tensor([True, False, True]), 0, False),
+             (torch.tensor([[1.0, nan, nan, 2.0], [nan, nan, -0.0, 0.0], [nan, 3, 3, nan], [nan, 3, nan, 4], [2, nan, 1, 1]]).T, 0,
+              True)]
+    for t, d, keep in cases:
+        w, got = torch.mode(t, d, keep), torch.mode(t.to("tpu"), d, keep)
+        torch.testing.assert_close(got.values.cpu(), w.values, rtol=0, atol=0, equal_nan=True)
+        assert torch.equal(_bits(got.values.cpu()) if t.is_floating_point() else got.values.cpu(),
+                           _bits(w.values) if t.is_floating_point() else w.values), (t, d, keep)
+        assert torch.equal(got.indices.cpu(), w.indices), (t, d, keep)
+    # Long slices: CPU's unstable sort picks some occurrence; ours must hold the mode value.
+    x = torch.randint(0, 5, (2, 300), generator=g)
+    v, i = torch.mode(x.to("tpu"), 1)
+    assert torch.equal(v.cpu(), torch.mode(x, 1).values)
+    assert torch.equal(x.gather(1, i.cpu()[:, None])[:, 0], v.cpu())
+    with pytest.raises(RuntimeError, match="non-zero size"):
+        torch.mode(torch.empty(0, 3, device="tpu"), 0)
+
+
+def test_cauchy_log_normal_geometric_distributions(no_fallback: None) -> None:
+    # In-place random fills on the device: reproducible under manual_seed, the right support and
+    # location statistics (n = 20000: the sample median / mean are within a few % of the truth).
+    n = 20000
+    fills = {
+        "cauchy": lambda t: t.cauchy_(1.0, 2.0),
+        "log_normal": lambda t: t.log_normal_(0.5, 0.4),
+        "geometric": lambda t: t.geometric_(0.3),
+    }
+    draws = {}
+    for name, fill in fills.items():
+        torch.manual_seed(3)
+        a = fill(torch.empty(n, device="tpu")).cpu()
+        torch.manual_seed(3)
+        assert torch.equal(fill(torch.empty(n, device="tpu")).cpu(), a), name
+        assert not torch.equal(fill(torch.empty(n, device="tpu")).cpu(), a), name
+        assert bool(a.isfinite().all()), name
+        draws[name] = a
+    c, ln, geo = draws["cauchy"], draws["log_normal"], draws["geometric"]
+    assert abs(c.median().item() - 1.0) < 0.1 and abs((c - 1).abs().median().item() - 2.0) < 0.15  # median, scale
+    assert bool((ln > 0).all()) and abs(ln.log().mean().item() - 0.5) < 0.02 and abs(ln.log().std().item() - 0.4) < 0.02
+    assert bool((geo >= 1).all()) and torch.equal(geo, geo.round()) and abs(geo.mean().item() - 1 / 0.3) < 0.1
+    assert bool((torch.empty(1000, dtype=torch.int64, device="tpu").geometric_(0.5).cpu() >= 1).all())
+    with pytest.raises(RuntimeError, match="floating point"):
+        torch.empty(3, dtype=torch.long, device="tpu").cauchy_()
+    with pytest.raises(RuntimeError, match="expects p to be in"):
+        torch.empty(3, device="tpu").geometric_(1.0)
+    with pytest.raises(RuntimeError, match="std > 0"):
+        torch.empty(3, device="tpu").log_normal_(0.0, -1.0)
+
+
+def test_lu_inverse_solve_like_cpu(no_fallback: None) -> None:
+    # LU with partial pivoting: the same pivots as LAPACK, inverse and solves (left/right,
+    # vector right-hand side, batches) and their gradients; a singular matrix reports info and
+    # linalg.inv raises CPU's error.
+    g = torch.Generator().manual_seed(0)
+    A, B = torch.randn(3, 5, 5, generator=g, dtype=torch.float64), torch.randn(3, 5, 2, generator=g, dtype=torch.float64)
+    At, Bt = A.to("tpu"), B.to("tpu")
+    lu, piv = torch.linalg.lu_factor(At)
+    lu_c, piv_c = torch.linalg.lu_factor(A)
+    torch.testing.assert_close(lu.cpu(), lu_c)
+    assert torch.equal(piv.cpu(), piv_c)
+    torch.testing.assert_close(torch.linalg.inv(At).cpu(), torch.linalg.inv(A))
+    torch.testing.assert_close(torch.linalg.solve(At, Bt).cpu(), torch.linalg.solve(A, B))
+    torch.testing.assert_close(torch.linalg.solve(At, Bt[..., 0]).cpu(), torch.linalg.solve(A, B[..., 0]))
+    torch.testing.assert_close(torch.linalg.solve(At, Bt.mT, left=False).cpu(), torch.linalg.solve(A, B.mT, left=False))
+    grads = []
+    for a, b in ((A, B), (At, Bt)):
+        a, b = a.detach().requires_grad_(), b.detach().requires_grad_()
+        (torch.linalg.solve(a, b).sum() + torch.linalg.inv(a).square().sum()).backward()
+        grads.append((a.grad.cpu(), b.grad.cpu()))
+    torch.testing.assert_close(grads[1], grads[0])
+    singular = torch.tensor([[1.0, 2.0], [2.0, 4.0]], device="tpu")
+    assert torch.linalg.inv_ex(singular).info.item() == 2
+    with pytest.raises(torch.linalg.LinAlgError, match="singular"):
+        torch.linalg.inv(singular)

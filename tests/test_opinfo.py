@@ -684,8 +684,9 @@ def _grad_matches_higher_precision(op, hp, leaf_idx, weights, seed, proc, expect
 # choice, i.e. distinct and gathering the input at them gives the CPU's values.
 TIE_INDEX_OPS = {"sort": 0, "argsort": 0, "topk": 1}  # positional index of `dim` in sample.args
 # Reductions to one (value, index) per row whose index among equal values is "device-specific"
-# (PyTorch's docs for median/kthvalue): accepted when x at the index is the CPU's value.
-TIE_PICK_OPS = {"median": 0, "nanmedian": 0, "kthvalue": 1}
+# (PyTorch's docs for median/kthvalue; mode's CPU kernel takes it from an unstable std::sort of
+# the slice): accepted when x at the index is the CPU's value.
+TIE_PICK_OPS = {"median": 0, "nanmedian": 0, "kthvalue": 1, "mode": 0}
 
 
 def _pick_ties_ok(key, sample, x, actual, expected, dtype) -> bool:
@@ -699,7 +700,8 @@ def _pick_ties_ok(key, sample, x, actual, expected, dtype) -> bool:
             return False
         if x.dim() == 0:
             return bool((idx == expected[1]).all())
-        picked = x.gather(dim, idx if keep else idx.unsqueeze(dim))
+        # x is the float64 copy of the input (exact): back to the output's dtype to compare.
+        picked = x.gather(dim, idx if keep else idx.unsqueeze(dim)).to(expected[0].dtype)
         torch.testing.assert_close(picked if keep else picked.squeeze(dim), expected[0], rtol=0, atol=0,
                                    equal_nan=True)
     except Exception:

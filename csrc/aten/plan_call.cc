@@ -234,9 +234,11 @@ struct ProgramTraits {
 };
 
 ProgramTraits program_traits(const Plan& plan) {
+  const bool checking = plan.entry->checked && runtime::device_checks();
+  // A pointwise lowering never contracts: nothing to learn unless it may record checks.
+  if (plan.entry->elementwise && !checking) return {false, false};
   static std::mutex mu;
   static auto* known = std::make_unique<std::unordered_map<std::string, ProgramTraits>>().release();
-  const bool checking = plan.entry->checked && runtime::device_checks();
   std::string key = plan.key;
   key += checking ? "#c" : "#-";  // emitted with and without checks: different texts
   {

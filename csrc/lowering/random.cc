@@ -3,6 +3,7 @@
 // PyTorch's distributions. Reproducible under manual_seed; not bit-identical to the CPU.
 #include <limits>
 #include <cmath>
+#include <string>
 
 #include "lowering.h"
 
@@ -80,6 +81,52 @@ TPU_LOWER_RANDOM(exponential) {
   Value l = operand(b, c.arg("lambd"), t, o.shape);
   Value one = b.constant_f(1.0, t, o.shape);
   return {b.div(b.neg(b.log(b.sub(one, u))), l)};
+}
+
+// cauchy_, log_normal_, geometric_: the CPU kernels' argument checks, then their inverse-CDF
+// transforms (ATen's TransformationHelper.h) of device uniforms.
+namespace {
+void require_float_out(const Type& o, const char* what) {
+  if (!shlo::is_float(o.elem))
+    throw std::runtime_error(std::string(what) +
+                             " distribution is a continuous probability distribution. dtype must be a floating point");
+}
+}  // namespace
+
+TPU_LOWER_RANDOM(cauchy) {
+  const Type& o = out_type(c);
+  double median = c.double_("median", 0.0), sigma = c.double_("sigma", 1.0);
+  if (!(sigma > 0.0)) throw std::runtime_error("cauchy_ expects sigma > 0.0, but found sigma=" + std::to_string(sigma));
+  require_float_out(o, "Cauchy");
+  ElemType t = float_compute(o.elem);
+  // tan(pi * (u - 0.5)) with u clipped to [eps, 1 - eps] as on the CPU: finite at both ends.
+  double eps = t == ElemType::F64 ? std::numeric_limits<double>::epsilon() : std::numeric_limits<float>::epsilon();
+  Value u = b.clamp(b.constant_f(eps, t, o.shape), uniform01(b, c, t, o.shape), b.constant_f(1.0 - eps, t, o.shape));
+  Value x = b.unary("tan", b.mul(b.constant_f(M_PI, t, o.shape), b.sub(u, b.constant_f(0.5, t, o.shape))));
+  return {b.convert(b.add(b.constant_f(median, t, o.shape), b.mul(b.constant_f(sigma, t, o.shape), x)), o.elem)};
+}
+
+TPU_LOWER_RANDOM(log_normal) {
+  const Type& o = out_type(c);
+  double mean = c.double_("mean", 1.0), sd = c.double_("std", 2.0);
+  if (!(sd > 0.0)) throw std::runtime_error("log_normal_ expects std > 0.0, but found std=" + std::to_string(sd));
+  require_float_out(o, "LogNormal");
+  ElemType t = float_compute(o.elem);
+  Value z = std_normal(b, c, t, o.shape);
+  return {b.convert(b.exp(b.add(b.constant_f(mean, t, o.shape), b.mul(z, b.constant_f(sd, t, o.shape)))), o.elem)};
+}
+
+TPU_LOWER_RANDOM(geometric) {
+  // Number of Bernoulli(p) trials up to the first success: ceil(log(u) / log1p(-p)), u in (0, 1],
+  // at least 1 (u == 1 would give 0). Integer outputs too, as on the CPU.
+  const Type& o = out_type(c);
+  double p = c.double_("p");
+  if (!(p > 0 && p < 1)) throw std::runtime_error("geometric_ expects p to be in (0, 1), but got p=" + std::to_string(p));
+  ElemType t = o.elem == ElemType::F64 || shlo::is_integral(o.elem) ? ElemType::F64 : ElemType::F32;
+  Value one = b.constant_f(1.0, t, o.shape);
+  Value u = b.sub(one, uniform01(b, c, t, o.shape));
+  Value k = b.unary("ceil", b.div(b.log(u), b.constant_f(std::log1p(-p), t, o.shape)));
+  return {b.convert(b.max(k, one), o.elem)};
 }
 
 TPU_LOWER_RANDOM(bernoulli) {
