@@ -10,8 +10,16 @@
 // (HLO dumps; docs/architecture.md, "Host kernels"), so no XLA option reaches a faster kernel.
 //
 // The handler computes at::convolution (stride, padding, dilation, transposed, output_padding,
-// groups: every conv PyTorch has) with the threads PyTorch CPU eager would use, then copies the
-// result into the output buffer. Results equal PyTorch CPU's (same kernel, same algorithm choice).
+// groups: every conv PyTorch has) and copies the result into the output buffer. Results equal
+// PyTorch CPU's (same kernel and algorithm choice as a one-thread CPU call).
+//
+// Threads: one OpenMP thread (oneDNN follows OpenMP's team size), on the XLA thread that runs the
+// custom call. An OpenMP team inside the program waits for its second thread behind XLA's pool
+// threads and other processes, and splitting the batch between the caller and an inter-op pool
+// task cost more than it gained. AutoencoderKL compiled forward, alternated processes at load
+// 4.6-5.1: one thread 16.9 / 19.7 ms wall (16.6 / 15.6 ms process CPU), batch halves on two
+// threads 31.4 / 28.4 ms (20.6 / 21.1); at load 9-17 one thread vs the default OpenMP team:
+// 24.8 vs 38.6 ms median wall (15.5 vs 20.8 ms process CPU).
 #if __has_include("xla/ffi/api/ffi.h")
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/convolution.h>
@@ -32,6 +40,8 @@
 #endif
 #include "xla/ffi/api/ffi.h"
 #pragma GCC diagnostic pop
+
+#include <dlfcn.h>
 
 #include <exception>
 #include <optional>
@@ -62,6 +72,51 @@ at::Tensor wrap_buffer(const ffi::AnyBuffer& b) {
 
 std::vector<int64_t> vec(ffi::Span<const int64_t> s) { return std::vector<int64_t>(s.begin(), s.end()); }
 
+// One OpenMP thread for this thread's ATen kernels during a scope (oneDNN follows OpenMP's team
+// size). The runtime's functions are looked up, since extensions load RTLD_LOCAL: in the process
+// (RTLD_DEFAULT) or in the OpenMP library torch loaded.
+class OneOmpThread {
+ public:
+  OneOmpThread() {
+    static const Fns f = lookup();
+    fns_ = &f;
+    if (f.set && f.get) {
+      prev_ = f.get();
+      f.set(1);
+    }
+  }
+  ~OneOmpThread() {
+    if (prev_ > 0) fns_->set(prev_);
+  }
+  OneOmpThread(const OneOmpThread&) = delete;
+  OneOmpThread& operator=(const OneOmpThread&) = delete;
+
+ private:
+  struct Fns {
+    void (*set)(int) = nullptr;
+    int (*get)() = nullptr;
+  };
+  static void* find(const char* name) {
+    if (void* p = dlsym(RTLD_DEFAULT, name)) return p;
+    for (const char* lib : {"libgomp.so.1", "libiomp5.so", "libomp.so"}) {
+      void* h = dlopen(lib, RTLD_LAZY | RTLD_NOLOAD);
+      if (!h) continue;
+      void* p = dlsym(h, name);
+      dlclose(h);
+      if (p) return p;
+    }
+    return nullptr;
+  }
+  static Fns lookup() {
+    Fns f;
+    f.set = reinterpret_cast<void (*)(int)>(find("omp_set_num_threads"));
+    f.get = reinterpret_cast<int (*)()>(find("omp_get_max_threads"));
+    return f;
+  }
+  const Fns* fns_;
+  int prev_ = 0;
+};
+
 // input [N, Cin, s...], weight [Cout, Cin/G, k...] (transposed: [Cin, Cout/G, k...]), bias [Cout]
 // when has_bias (otherwise the third operand is a placeholder) -> out [N, Cout, o...].
 ffi::Error host_conv(ffi::AnyBuffer input, ffi::AnyBuffer weight, ffi::AnyBuffer bias,
@@ -71,6 +126,7 @@ ffi::Error host_conv(ffi::AnyBuffer input, ffi::AnyBuffer weight, ffi::AnyBuffer
                      int64_t has_bias) {
   try {
     c10::InferenceMode no_autograd;
+    OneOmpThread one;
     at::Tensor x = wrap_buffer(input), w = wrap_buffer(weight), y = wrap_buffer(*out);
     std::optional<at::Tensor> b;
     if (has_bias) b = wrap_buffer(bias);

@@ -6,7 +6,6 @@
 #include <cmath>
 #include <limits>
 #include <string>
-#include <utility>
 #include <vector>
 
 #include "lowering.h"
@@ -186,30 +185,6 @@ TPU_LOWER(native_layer_norm_backward) {
 }
 
 // ------------------------------------------------------------------ group norm
-// Per-group sums of a and c ([N, G, D] each) as one variadic reduce: XLA:CPU rewrites a plain
-// reduce over more than 32 elements into a tree of reduce-window kernels (3 passes for D = 2048,
-// each its own kernel), but leaves variadic reduces whole, fused with their producers. With D a
-// multiple of 16 the sums run in 16 lanes ([N, G, D/16, 16], then over the lanes), which bounds
-// the sequential float additions per partial sum to D/16.
-std::pair<Value, Value> group_sums(Builder& b, Value a, Value c) {
-  const Shape& s = a.shape();
-  const int64_t N = s[0], G = s[1], D = s[2];
-  const ElemType t = a.elem();
-  auto add2 = [&](const std::vector<Value>& v) { return std::vector<Value>{b.add(v[0], v[2]), b.add(v[1], v[3])}; };
-  const std::vector<Value> zero{b.constant_i(0, t), b.constant_i(0, t)};
-  constexpr int64_t kLanes = 16;
-  if (D >= 2 * kLanes && D % kLanes == 0) {
-    const Shape ls{N, G, D / kLanes, kLanes};
-    auto r = b.reduce_multi({b.reshape(a, ls), b.reshape(c, ls)}, zero, {2}, add2);
-    r = b.reduce_multi({r[0], r[1]}, zero, {2}, add2);
-    return {r[0], r[1]};
-  }
-  auto r = b.reduce_multi({a, c}, zero, {2}, add2);
-  return {r[0], r[1]};
-}
-
-// Statistics in one pass over x: sums of d = x - x[n, g, 0] and of d^2 (shifting by an element of
-// the group keeps E[d^2] - E[d]^2 free of the cancellation a large mean would cause).
 TPU_LOWER(native_group_norm) {
   Value x0 = c.tensor("input");
   ElemType t = opmath(x0.elem());
@@ -219,26 +194,17 @@ TPU_LOWER(native_group_norm) {
   double eps = c.double_("eps");
   Value x = b.reshape(b.convert(x0, t), {N, G, D});
   Shape gs{N, G, D};
-  Value mean, rstd;  // [N, G]
-  if (D == 0) {
-    mean = b.div(b.reduce(x, b.constant_i(0, t), {2}, "add"), const_f(b, 0.0, t, {N, G}));
-    rstd = b.rsqrt(b.add(mean, const_f(b, eps, t, {N, G})));
-  } else {
-    Value shift = b.reshape(b.slice(x, {0, 0, 0}, {N, G, 1}), {N, G});
-    Value d = b.sub(x, b.broadcast_in_dim(shift, gs, {0, 1}));
-    auto [s1, s2] = group_sums(b, d, b.mul(d, d));
-    Value m = b.div(s1, const_f(b, static_cast<double>(D), t, {N, G}));
-    Value var = b.sub(b.div(s2, const_f(b, static_cast<double>(D), t, {N, G})), b.mul(m, m));
-    var = b.max(var, b.zeros(Type{t, {N, G}}));
-    mean = b.add(shift, m);
-    rstd = b.rsqrt(b.add(var, const_f(b, eps, t, {N, G})));
-  }
-  Value y = b.mul(b.sub(x, b.broadcast_in_dim(mean, gs, {0, 1})), b.broadcast_in_dim(rstd, gs, {0, 1}));
-  y = b.reshape(y, {N, C, HxW});
+  Value mean = b.div(sum_keep(b, x, {2}), const_f(b, static_cast<double>(D), t, gs));
+  Value d = b.sub(x, mean);
+  Value var = b.div(sum_keep(b, b.mul(d, d), {2}), const_f(b, static_cast<double>(D), t, gs));
+  Value rstd = b.rsqrt(b.add(var, const_f(b, eps, t, gs)));
+  Value y = b.reshape(b.mul(d, rstd), {N, C, HxW});
   Shape cs{N, C, HxW};
   if (c.has("weight")) y = b.mul(y, b.broadcast_in_dim(b.convert(c.tensor("weight"), t), cs, {1}));
   if (c.has("bias")) y = b.add(y, b.broadcast_in_dim(b.convert(c.tensor("bias"), t), cs, {1}));
-  return {fit(b, y, out_type(c, 0)), fit(b, mean, out_type(c, 1)), fit(b, rstd, out_type(c, 2))};
+  Value m1 = b.reshape(b.slice(mean, {0, 0, 0}, {N, G, 1}), {N, G});
+  Value r1 = b.reshape(b.slice(rstd, {0, 0, 0}, {N, G, 1}), {N, G});
+  return {fit(b, y, out_type(c, 0)), fit(b, m1, out_type(c, 1)), fit(b, r1, out_type(c, 2))};
 }
 
 TPU_LOWER(native_group_norm_backward) {
@@ -260,10 +226,8 @@ TPU_LOWER(native_group_norm_backward) {
     if (c.has("weight")) g = b.mul(g, b.broadcast_in_dim(b.convert(c.tensor("weight"), t), cs, {1}));
     g = b.reshape(g, gs);
     Value a = b.mul(const_f(b, static_cast<double>(D), t, gs), g);
-    auto [sg, sgx] = D > 0 ? group_sums(b, g, b.mul(g, xhat)) : std::pair<Value, Value>{b.zeros(Type{t, {N, G}}),
-                                                                                       b.zeros(Type{t, {N, G}})};
-    Value s1 = b.broadcast_in_dim(sg, gs, {0, 1});
-    Value s2 = b.mul(xhat, b.broadcast_in_dim(sgx, gs, {0, 1}));
+    Value s1 = sum_keep(b, g, {2});
+    Value s2 = b.mul(xhat, sum_keep(b, b.mul(g, xhat), {2}));
     Value scale = b.div(rstd, const_f(b, static_cast<double>(D), t, gs));
     res.push_back(fit(b, b.mul(scale, b.sub(b.sub(a, s1), s2)), out_type(c, 0)));
   } else {
