@@ -82,12 +82,23 @@ def test_fused_eager_keeps_the_precision_of_each_call(dump: Path) -> None:
 
 
 def test_convolution_carries_precision(dump: Path) -> None:
+    # XLA's convolution (host kernels off; on the CPU plugin a float forward is otherwise PyTorch's
+    # own CPU convolution, which has no precision setting). Shapes no other test uses, so the
+    # programs are built here, on that path.
     torch.manual_seed(1)
-    x, w = torch.randn(1, 3, 7, 7), torch.randn(4, 3, 3, 3)
-    out = F.conv2d(x.to("tpu"), w.to("tpu"), padding=1).cpu()
-    torch.testing.assert_close(out, F.conv2d(x, w, padding=1), rtol=1e-5, atol=1e-5)
-    with torch.tpu.precision(Precision.DEFAULT):  # type: ignore[attr-defined]
-        F.conv2d(x.to("tpu"), w.to("tpu"), padding=1).cpu()
+    x, w = torch.randn(1, 3, 7, 5), torch.randn(4, 3, 3, 2)
+    previous = torch_tpu.ops.host_kernels()
+    torch_tpu.ops.host_kernels(False)
+    try:
+        out = F.conv2d(x.to("tpu"), w.to("tpu"), padding=1).cpu()
+        torch.testing.assert_close(out, F.conv2d(x, w, padding=1), rtol=1e-5, atol=1e-5)
+        with torch.tpu.precision(Precision.DEFAULT):  # type: ignore[attr-defined]
+            F.conv2d(x.to("tpu"), w.to("tpu"), padding=1).cpu()
+    finally:
+        if previous == "on":
+            torch_tpu.ops.host_kernels(True)
+        elif previous == "always":
+            torch_tpu.ops.host_kernels("always")
     assert _precisions(dump, "convolution") == {"HIGHEST", "DEFAULT"}
 
 

@@ -41,6 +41,14 @@ Value max_keep(Builder& b, Value x, const std::vector<int64_t>& dims) {
 
 Value const_f(Builder& b, double v, ElemType t, const Shape& s) { return b.constant_f(v, t, s); }
 
+// Sum over dims with the plain reduce, result broadcast back to x's shape (keepdim + expand):
+// group norm's statistics (the GEMV form of row_sum_keep measured slower there).
+Value sum_keep(Builder& b, Value x, const std::vector<int64_t>& dims) {
+  if (dims.empty()) return x;
+  Value r = b.reduce(x, b.constant_i(0, x.elem()), dims, "add");
+  return b.broadcast_to(b.reshape(r, keep_shape(x.shape(), dims)), x.shape());
+}
+
 // Sum over dims, result broadcast back to x's shape (keepdim + expand). Through row_sum
 // (shape_util.h): over trailing dims of short f32/f64 rows (softmax's last dim, a norm's rows)
 // one GEMV on XLA:CPU instead of a reduce-window and a reduce; otherwise the plain reduce.
