@@ -27,19 +27,7 @@
 #include <c10/core/InferenceMode.h>
 #include <c10/util/Exception.h>
 
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wsign-compare"
-#pragma GCC diagnostic ignored "-Wunused-function"
-#pragma GCC diagnostic ignored "-Wreturn-type"
-#include "xla/ffi/api/c_api.h"
-// Same version pin as aten/ffi_kernels.cc: the plugin runs XLA FFI API 0.2 and the handler uses
-// nothing newer (buffers, scalar and i64-array attributes, errors).
-#if XLA_FFI_API_MAJOR == 0 && XLA_FFI_API_MINOR > 2
-#undef XLA_FFI_API_MINOR
-#define XLA_FFI_API_MINOR 2
-#endif
-#include "xla/ffi/api/ffi.h"
-#pragma GCC diagnostic pop
+#include "ffi_common.h"
 
 #include <dlfcn.h>
 
@@ -55,20 +43,7 @@ namespace tpu::aten {
 namespace {
 namespace ffi = xla::ffi;
 
-c10::ScalarType conv_scalar_type(ffi::DataType t) {
-  switch (t) {
-    case ffi::DataType::F32: return c10::kFloat;
-    case ffi::DataType::BF16: return c10::kBFloat16;
-    case ffi::DataType::F16: return c10::kHalf;
-    default: TORCH_CHECK(false, "unsupported element type ", static_cast<int>(t));
-  }
-}
-
-at::Tensor wrap_buffer(const ffi::AnyBuffer& b) {
-  auto d = b.dimensions();
-  return at::from_blob(b.untyped_data(), c10::IntArrayRef(d.begin(), d.size()),
-                       at::TensorOptions().dtype(conv_scalar_type(b.element_type())));
-}
+using ffi_buffers::wrap;
 
 std::vector<int64_t> vec(ffi::Span<const int64_t> s) { return std::vector<int64_t>(s.begin(), s.end()); }
 
@@ -127,9 +102,9 @@ ffi::Error host_conv(ffi::AnyBuffer input, ffi::AnyBuffer weight, ffi::AnyBuffer
   try {
     c10::InferenceMode no_autograd;
     OneOmpThread one;
-    at::Tensor x = wrap_buffer(input), w = wrap_buffer(weight), y = wrap_buffer(*out);
+    at::Tensor x = wrap(input), w = wrap(weight), y = wrap(*out);
     std::optional<at::Tensor> b;
-    if (has_bias) b = wrap_buffer(bias);
+    if (has_bias) b = wrap(bias);
     at::Tensor r = at::convolution(x, w, b, vec(stride), vec(padding), vec(dilation), transposed != 0,
                                    vec(output_padding), groups);
     TORCH_CHECK(r.sizes() == y.sizes(), "result ", r.sizes(), " does not match the output ", y.sizes());

@@ -18,21 +18,7 @@
 #include <ATen/ops/mm_cpu_dispatch.h>
 #include <c10/util/Exception.h>
 
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wsign-compare"
-#pragma GCC diagnostic ignored "-Wunused-function"
-#pragma GCC diagnostic ignored "-Wreturn-type"
-#include "xla/ffi/api/c_api.h"
-// xla-cpu-pjrt 0.0.1 runs XLA FFI API 0.2 and refuses handlers that report a newer version; the
-// headers of jaxlib 0.10.2 are 0.3. Minor versions only add struct fields and entry points behind
-// struct_size checks, and the handlers below use nothing newer than 0.2 (buffers, one scalar
-// attribute, errors), so they report 0.2; the probe in register_host_kernels checks the result.
-#if XLA_FFI_API_MAJOR == 0 && XLA_FFI_API_MINOR > 2
-#undef XLA_FFI_API_MINOR
-#define XLA_FFI_API_MINOR 2
-#endif
-#include "xla/ffi/api/ffi.h"
-#pragma GCC diagnostic pop
+#include "ffi_common.h"
 
 #include <dlfcn.h>
 
@@ -55,20 +41,7 @@ namespace tpu::aten {
 namespace {
 namespace ffi = xla::ffi;
 
-c10::ScalarType scalar_type(ffi::DataType t) {
-  switch (t) {
-    case ffi::DataType::F32: return c10::kFloat;
-    case ffi::DataType::BF16: return c10::kBFloat16;
-    case ffi::DataType::F16: return c10::kHalf;
-    default: TORCH_CHECK(false, "unsupported element type ", static_cast<int>(t));
-  }
-}
-
-at::Tensor wrap(const ffi::AnyBuffer& b) {
-  auto d = b.dimensions();
-  return at::from_blob(b.untyped_data(), c10::IntArrayRef(d.begin(), d.size()),
-                       at::TensorOptions().dtype(scalar_type(b.element_type())));
-}
+using ffi_buffers::wrap;
 
 // Each group's end row, from the int32/int64 `groups` operand as the op passed it (no conversion
 // in the program): cumulative ends (`_grouped_mm`'s offs) or, when `sizes`, group sizes (ragged_dot;
