@@ -74,6 +74,28 @@ def interleaved(fns: dict[str, Callable[[], object]], repeats: int) -> dict[str,
     return times
 
 
+# Untimed runs of the same fn before each timed one (steady()).
+SETTLE_S = 0.03
+
+
+def steady(fns: dict[str, Callable[[], object]], repeats: int) -> dict[str, list[float]]:
+    """Like interleaved, but each timed run follows SETTLE_S of untimed runs of the same fn. Timed
+    straight after another variant, a fn pays for that variant's threads: PyTorch CPU's OpenMP team
+    spins ~20 ms after each parallel region, holding the second core (3-5x the time of the call
+    after it at load 7), and XLA's Eigen threads spin briefly. Each variant is timed in its own
+    steady state, as a model calling it layer after layer runs it."""
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    for _ in range(repeats):
+        for name, fn in fns.items():
+            t0 = time.perf_counter()
+            while True:
+                fn()
+                if time.perf_counter() - t0 >= SETTLE_S:
+                    break
+            times[name].append(time_call(fn))
+    return times
+
+
 def median(xs: list[float]) -> float:
     return statistics.median(xs)
 

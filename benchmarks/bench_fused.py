@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 import torch_tpu
-from bench_common import TPU, finish, fmt_ratio, interleaved, median, ratio, sync
+from bench_common import TPU, finish, fmt_ratio, median, ratio, steady, sync
 from torch_tpu import EagerMode, set_eager_mode
 
 NAME = "fused"
@@ -60,7 +60,7 @@ def run() -> dict[str, Any]:
     with set_eager_mode(EagerMode.DEFER_AND_FUSE):
         max_err_fused = (block(*tpu_args).cpu() - ref).abs().max().item()
     before = torch_tpu.cache_stats()
-    times = interleaved(fns, REPEATS)
+    times = steady(fns, REPEATS)  # each variant in its own steady state (bench_common.steady)
     after = torch_tpu.cache_stats()
     ms = {k: median(v) * 1e3 for k, v in times.items()}
     ratios = [

@@ -23,22 +23,20 @@
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from typing import Any
 
 import torch
-from bench_common import TPU, finish, fmt_ratio, interleaved, median, ratio, sync, time_call
+from bench_common import TPU, finish, fmt_ratio, interleaved, median, ratio, steady, sync
 
 NAME = "grouped_mm"
 TOKENS, TOP_K, EXPERTS, HIDDEN, FFN = 64, 2, 8, 512, 1024
 REPEATS = 7
 KERNEL_REPEATS = 15  # the grouped GEMMs themselves: short calls, more repeats against the shared load
 ITERS = 3
-SETTLE_S = 0.03
 # The machine is shared (load average ~10 on 2 cores while measuring): ratios use the fastest
 # repeat (least disturbed); medians are recorded too. The kernel cases time each variant in its own
-# steady state (`steady`), the model cases alternate whole runs (bench_common.interleaved).
+# steady state (bench_common.steady), the model cases alternate whole runs (bench_common.interleaved).
 
 
 def per_call_ms(times: dict[str, list[float]]) -> tuple[dict[str, float], dict[str, float]]:
@@ -67,24 +65,6 @@ def timed(fn: Callable[[], object], on_tpu: bool, host: bool = True) -> Callable
         return r
 
     return loop
-
-
-def steady(fns: dict[str, Callable[[], object]], repeats: int) -> dict[str, list[float]]:
-    """Like bench_common.interleaved, but each timed run follows SETTLE_S of untimed runs of the same
-    fn. Timed straight after another variant, a fn pays for that variant's threads: PyTorch CPU's
-    OpenMP team spins ~20 ms after each parallel region, holding the second core (3-5x the time of the
-    call after it at load 7: /work/wt/notes/issue-10.md), and XLA's Eigen threads spin briefly. Each
-    variant is timed in its own steady state, as a model calling it layer after layer runs it."""
-    times: dict[str, list[float]] = {name: [] for name in fns}
-    for _ in range(repeats):
-        for name, fn in fns.items():
-            t0 = time.perf_counter()
-            while True:
-                fn()
-                if time.perf_counter() - t0 >= SETTLE_S:
-                    break
-            times[name].append(time_call(fn))
-    return times
 
 
 def routing(seed: int) -> torch.Tensor:
