@@ -28,11 +28,11 @@ def available() -> bool:
     return True
 
 
-class JaxPrefill:
-    def __init__(self, model: Any, ids: torch.Tensor, cache_len: int, precision: str | None = None) -> None:
-        """`precision`: jax.default_matmul_precision for the dots ("highest" = float32, what
-        torch_tpu emits by default); None keeps JAX's default."""
-        import jax
+class _JaxLlama:
+    """What both references share: the model's shapes, its weights as JAX arrays, RoPE's inverse
+    frequencies, a zeroed static K/V cache of `cache_len`, and RMSNorm."""
+
+    def __init__(self, model: Any, cache_len: int, precision: str | None) -> None:
         import jax.numpy as jnp
 
         self.precision = precision
@@ -41,25 +41,45 @@ class JaxPrefill:
         self.hd = cfg.hidden_size // self.h
         self.eps = cfg.rms_norm_eps
         theta = getattr(cfg, "rope_theta", None) or cfg.rope_parameters["rope_theta"]
-        sd = {k: jnp.asarray(v.detach().float().numpy()) for k, v in model.state_dict().items()}
+        self.inv_freq_np = 1.0 / (theta ** (np.arange(0, self.hd, 2, dtype=np.float32) / self.hd))
+        self.weights = {k: jnp.asarray(v.detach().float().numpy()) for k, v in model.state_dict().items()}
         self.layers = cfg.num_hidden_layers
-        self.weights = sd
+        self.cache_len = cache_len
+        self.cache = [jnp.zeros((1, self.kvh, cache_len, self.hd), jnp.float32) for _ in range(2 * self.layers)]
+
+    def _norm(self, x: Any, weight: Any) -> Any:
+        import jax
+        import jax.numpy as jnp
+
+        return x * jax.lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True) + self.eps) * weight
+
+    def _precision(self) -> Any:
+        import contextlib
+
+        import jax
+
+        return contextlib.nullcontext() if self.precision is None else jax.default_matmul_precision(self.precision)
+
+
+class JaxPrefill(_JaxLlama):
+    def __init__(self, model: Any, ids: torch.Tensor, cache_len: int, precision: str | None = None) -> None:
+        """`precision`: jax.default_matmul_precision for the dots ("highest" = float32, what
+        torch_tpu emits by default); None keeps JAX's default."""
+        import jax
+        import jax.numpy as jnp
+
+        super().__init__(model, cache_len, precision)
         self.ids = jnp.asarray(ids.numpy())
         n = ids.shape[1]
-        inv = 1.0 / (theta ** (np.arange(0, self.hd, 2, dtype=np.float32) / self.hd))
-        freqs = np.outer(np.arange(n, dtype=np.float32), inv)
+        freqs = np.outer(np.arange(n, dtype=np.float32), self.inv_freq_np)
         emb = np.concatenate([freqs, freqs], axis=-1)
         self.cos, self.sin = jnp.asarray(np.cos(emb)), jnp.asarray(np.sin(emb))
-        self.cache = [jnp.zeros((1, self.kvh, cache_len, self.hd), jnp.float32) for _ in range(2 * self.layers)]
         self._fn = jax.jit(self._prefill)
         self._jax = jax
 
     def _prefill(self, w: dict[str, Any], ids: Any, cos: Any, sin: Any, cache: list[Any]) -> tuple[Any, list[Any]]:
         import jax
         import jax.numpy as jnp
-
-        def norm(x: Any, weight: Any) -> Any:
-            return x * jax.lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True) + self.eps) * weight
 
         def rope(x: Any) -> Any:
             half = x.shape[-1] // 2
@@ -72,7 +92,7 @@ class JaxPrefill:
         new_cache = []
         for i in range(self.layers):
             p = f"model.layers.{i}."
-            y = norm(x, w[p + "input_layernorm.weight"])
+            y = self._norm(x, w[p + "input_layernorm.weight"])
             q = (y @ w[p + "self_attn.q_proj.weight"].T).reshape(n, self.h, self.hd).transpose(1, 0, 2)
             k = (y @ w[p + "self_attn.k_proj.weight"].T).reshape(n, self.kvh, self.hd).transpose(1, 0, 2)
             v = (y @ w[p + "self_attn.v_proj.weight"].T).reshape(n, self.kvh, self.hd).transpose(1, 0, 2)
@@ -87,20 +107,14 @@ class JaxPrefill:
             a = jax.nn.softmax(s, axis=-1)
             o = jnp.einsum("hqk,hkd->hqd", a, vv).transpose(1, 0, 2).reshape(n, self.h * self.hd)
             x = x + o @ w[p + "self_attn.o_proj.weight"].T
-            y = norm(x, w[p + "post_attention_layernorm.weight"])
+            y = self._norm(x, w[p + "post_attention_layernorm.weight"])
             g = y @ w[p + "mlp.gate_proj.weight"].T
             u = y @ w[p + "mlp.up_proj.weight"].T
             x = x + (jax.nn.silu(g) * u) @ w[p + "mlp.down_proj.weight"].T
-        x = norm(x[-1:], w["model.norm.weight"])
+        x = self._norm(x[-1:], w["model.norm.weight"])
         head = w.get("lm_head.weight", w["model.embed_tokens.weight"])
         logits = x @ head.T
         return jnp.argmax(logits, axis=-1), new_cache
-
-    def _precision(self) -> Any:
-        import contextlib
-
-        return contextlib.nullcontext() if self.precision is None else \
-            self._jax.default_matmul_precision(self.precision)
 
     def run(self) -> int:
         with self._precision():
@@ -120,33 +134,21 @@ class JaxPrefill:
             return lowered.compile().as_text()
 
 
-class JaxDecode:
+class JaxDecode(_JaxLlama):
     """Greedy decode steps after a prompt, on a static KV cache of `cache_len` (see module doc)."""
 
     def __init__(self, model: Any, cache_len: int, precision: str | None = None) -> None:
         import jax
         import jax.numpy as jnp
 
-        self.precision = precision
-        cfg = model.config
-        self.h, self.kvh = cfg.num_attention_heads, cfg.num_key_value_heads
-        self.hd = cfg.hidden_size // self.h
-        self.eps = cfg.rms_norm_eps
-        theta = getattr(cfg, "rope_theta", None) or cfg.rope_parameters["rope_theta"]
-        self.inv_freq = jnp.asarray(1.0 / (theta ** (np.arange(0, self.hd, 2, dtype=np.float32) / self.hd)))
-        self.weights = {k: jnp.asarray(v.detach().float().numpy()) for k, v in model.state_dict().items()}
-        self.layers = cfg.num_hidden_layers
-        self.cache_len = cache_len
-        self.cache = [jnp.zeros((1, self.kvh, cache_len, self.hd), jnp.float32) for _ in range(2 * self.layers)]
+        super().__init__(model, cache_len, precision)
+        self.inv_freq = jnp.asarray(self.inv_freq_np)
         self._fn = jax.jit(self._step, donate_argnums=(4,))
         self._jax = jax
 
     def _step(self, w: dict[str, Any], tok: Any, pos: Any, inv_freq: Any, cache: list[Any]) -> tuple[Any, list[Any]]:
         import jax
         import jax.numpy as jnp
-
-        def norm(x: Any, weight: Any) -> Any:
-            return x * jax.lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True) + self.eps) * weight
 
         freqs = pos.astype(jnp.float32) * inv_freq
         emb = jnp.concatenate([freqs, freqs])
@@ -163,7 +165,7 @@ class JaxDecode:
         new_cache = []
         for i in range(self.layers):
             p = f"model.layers.{i}."
-            y = norm(x, w[p + "input_layernorm.weight"])
+            y = self._norm(x, w[p + "input_layernorm.weight"])
             q = rope((y @ w[p + "self_attn.q_proj.weight"].T).reshape(self.h, self.hd))
             k = rope((y @ w[p + "self_attn.k_proj.weight"].T).reshape(self.kvh, self.hd))
             v = (y @ w[p + "self_attn.v_proj.weight"].T).reshape(self.kvh, self.hd)
@@ -175,19 +177,13 @@ class JaxDecode:
             a = jax.nn.softmax(jnp.where(valid, s, -jnp.inf), axis=-1)
             o = jnp.einsum("grk,gkd->grd", a, vc[0]).reshape(1, self.h * self.hd)
             x = x + o @ w[p + "self_attn.o_proj.weight"].T
-            y = norm(x, w[p + "post_attention_layernorm.weight"])
+            y = self._norm(x, w[p + "post_attention_layernorm.weight"])
             g = y @ w[p + "mlp.gate_proj.weight"].T
             u = y @ w[p + "mlp.up_proj.weight"].T
             x = x + (jax.nn.silu(g) * u) @ w[p + "mlp.down_proj.weight"].T
-        x = norm(x, w["model.norm.weight"])
+        x = self._norm(x, w["model.norm.weight"])
         head = w.get("lm_head.weight", w["model.embed_tokens.weight"])
         return jnp.argmax(x @ head.T, axis=-1).astype(jnp.int32)[None], new_cache  # [1, 1]
-
-    def _precision(self) -> Any:
-        import contextlib
-
-        return contextlib.nullcontext() if self.precision is None else \
-            self._jax.default_matmul_precision(self.precision)
 
     def decode(self, first: int, start: int, n: int) -> list[Any]:
         """n greedy steps from token `first` at position `start` (positions uploaded before the

@@ -7,11 +7,13 @@
 // Solves reuse linalg_util.h (triangular solves, row permutations); their backward formulas
 // call linalg_lu_solve (matmul.cc) with the LU and pivots returned here.
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "linalg_util.h"
 #include "lowering.h"
+#include "shape_util.h"
 
 namespace tpu::lowering {
 namespace {
@@ -24,15 +26,6 @@ struct Lu {
   Value perm;  // [..., n] s64: row r of P^T A is row perm[r] of A
   Value info;  // [...] s32: 0, or the 1-based column of the first zero pivot
 };
-
-// x[b, i] at i = k for every batch row (a -0.0-padded select-sum: exact, NaN stays NaN).
-Value pick_col(Builder& b, Value x, Value k) {
-  const Shape& s = x.shape();
-  Value hit = b.compare(Cmp::EQ, b.iota(Type{I64, s}, 1), b.broadcast_in_dim(k, s, {}));
-  bool fl = is_float(x.elem());
-  Value none = fl ? b.constant_f(-0.0, x.elem(), s) : b.zeros(Type{x.elem(), s});
-  return b.reduce(b.select(hit, x, none), fl ? b.constant_f(-0.0, x.elem()) : b.constant_i(0, x.elem()), {1}, "add");
-}
 
 Lu lu_factor(Builder& b, Value a) {
   const Shape full = a.shape();
@@ -67,16 +60,15 @@ Lu lu_factor(Builder& b, Value a) {
         Value k3 = b.broadcast_in_dim(k, s3, {}), p3 = b.broadcast_in_dim(p, s3, {0});
         Value at_k = b.compare(Cmp::EQ, rows3, k3), at_p = b.compare(Cmp::EQ, rows3, p3);
         Value rowk = b.reshape(b.dynamic_slice(A, {zero, k, zero}, {B, 1, n}), s2);
-        Value none3 = b.constant_f(-0.0, t, s3);
-        Value rowp = b.reduce(b.select(at_p, A, none3), b.constant_f(-0.0, t), {1}, "add");
+        Value rowp = pick_along(b, A, b.broadcast_in_dim(p, s2, {0}), 1);
         auto over_rows = [&](Value v) { return b.broadcast_in_dim(v, s3, {0, 2}); };
         A = b.select(at_k, over_rows(rowp), b.select(at_p, over_rows(rowk), A));
         Value p2 = b.broadcast_in_dim(p, s2, {0});
-        Value perm_k = pick_col(b, perm, k), perm_p = pick_col(b, perm, p2);
+        Value perm_k = pick_along(b, perm, kb, 1), perm_p = pick_along(b, perm, p, 1);
         perm = b.select(b.compare(Cmp::EQ, rows2, k2), b.broadcast_in_dim(perm_p, s2, {0}),
                         b.select(b.compare(Cmp::EQ, rows2, p2), b.broadcast_in_dim(perm_k, s2, {0}), perm));
         // Eliminate below the pivot (a zero pivot: the column below is zero, nothing to scale).
-        Value d = pick_col(b, rowp, k);
+        Value d = pick_along(b, rowp, kb, 1);
         Value is_zero = b.compare(Cmp::EQ, d, b.zeros(Type{t, {B}}));
         info = b.select(b.and_(b.compare(Cmp::EQ, info, b.zeros(Type{ElemType::S32, {B}})), is_zero),
                         b.convert(b.add(kb, b.constant_i(1, I64, {B})), ElemType::S32), info);
@@ -114,21 +106,31 @@ Value square_input(Builder& b, const OpCall& c, const char* name, ElemType t) {
   Value a = c.tensor(name);
   if (a.rank() < 2 || a.shape()[a.rank() - 1] != a.shape()[a.rank() - 2])
     throw Unsupported(c.name + ": square matrices only");  // CPU's error message
-  if (empty(a.shape())) throw Unsupported(c.name + ": empty input");
   return b.convert(a, t);
+}
+
+// Empty matrices or batches: every output is empty or zero (info 0), as on the CPU.
+std::optional<std::vector<Value>> empty_outputs(Builder& b, const OpCall& c, const Value& a) {
+  if (!empty(a.shape())) return std::nullopt;
+  std::vector<Value> outs;
+  for (const Type& o : c.outs) outs.push_back(b.zeros(o));
+  return outs;
 }
 
 }  // namespace
 
 TPU_LOWER(linalg_lu_factor_ex) {
   if (!c.bool_("pivot", true) || c.bool_("check_errors")) throw Unsupported("lu_factor_ex: pivot=False / check_errors");
-  Lu f = lu_factor(b, square_input(b, c, "A", linalg_type(c)));
+  Value a = square_input(b, c, "A", linalg_type(c));
+  if (auto e = empty_outputs(b, c, a)) return *e;
+  Lu f = lu_factor(b, a);
   return {f.lu, f.piv, f.info};
 }
 
 TPU_LOWER(linalg_inv_ex) {
   if (c.bool_("check_errors")) throw Unsupported("inv_ex: check_errors");
   Value a = square_input(b, c, "A", linalg_type(c));
+  if (auto e = empty_outputs(b, c, a)) return *e;
   Lu f = lu_factor(b, a);
   const Shape& s = a.shape();
   Value eye = b.convert(b.compare(Cmp::EQ, b.iota(Type{I64, s}, a.rank() - 2), b.iota(Type{I64, s}, a.rank() - 1)),
@@ -141,7 +143,8 @@ TPU_LOWER(_linalg_solve_ex) {
   const ElemType t = linalg_type(c);
   const Type &ro = out_type(c, 0), &luo = out_type(c, 1);
   Value a = c.tensor("A");
-  if (a.rank() < 2 || empty(a.shape()) || empty(ro.shape)) throw Unsupported("solve_ex: empty or non-matrix input");
+  if (a.rank() < 2) throw Unsupported("solve_ex: non-matrix input");
+  if (empty(a.shape()) || empty(ro.shape)) return *empty_outputs(b, c, b.zeros(Type{t, {0}}));
   a = b.broadcast_to(b.convert(a, t), luo.shape);
   Lu f = lu_factor(b, a);
   const bool left = c.bool_("left", true);

@@ -146,15 +146,14 @@ TPU_LOWER(mode) {
   Value v = b.reshape(b.transpose(b.convert(x, et), perm), {rows, n});
   const Shape rn{rows, n};
   const ElemType I = ElemType::S64;
-  Value idx = b.iota(Type{I, rn}, 1);
+  Value pos = b.iota(Type{I, rn}, 1);  // position along the slice: also the initial indices
   const bool fl = shlo::is_float(et);
-  Value pos = b.iota(Type{I, rn}, 1);
   Value sv, si;
   if (fl && n <= 16) {
     // libstdc++'s std::sort is an insertion sort on <= 16 elements; replayed step by step so that
     // NaNs (never `<` anything) stop the insertions exactly where they stop on the CPU.
     sv = v;
-    si = idx;
+    si = pos;
     auto column = [&](Value a, int64_t j) {
       return b.broadcast_in_dim(b.reshape(b.slice(a, {0, j}, {rows, j + 1}), {rows}), rn, {0});
     };
@@ -177,18 +176,18 @@ TPU_LOWER(mode) {
       si = insert(si, vid);
     }
   } else {
-  auto sorted = b.sort({v, idx}, 1, [&](const std::vector<Value>& a) {
-    Value lt = b.compare(Cmp::LT, a[0], a[1]);
-    Value eq = b.compare(Cmp::EQ, a[0], a[1]);
-    if (fl) {  // NaN last; NaNs among themselves by index
-      Value ln = b.compare(Cmp::NE, a[0], a[0]), rn_ = b.compare(Cmp::NE, a[1], a[1]);
-      lt = b.or_(lt, b.and_(b.not_(ln), rn_));
-      eq = b.or_(eq, b.and_(ln, rn_));
-    }
-    return b.or_(lt, b.and_(eq, b.compare(Cmp::LT, a[2], a[3])));
-  });
-  sv = sorted[0];
-  si = sorted[1];
+    auto sorted = b.sort({v, pos}, 1, [&](const std::vector<Value>& a) {
+      Value lt = b.compare(Cmp::LT, a[0], a[1]);
+      Value eq = b.compare(Cmp::EQ, a[0], a[1]);
+      if (fl) {  // NaN last; NaNs among themselves by index
+        Value ln = b.compare(Cmp::NE, a[0], a[0]), rn_ = b.compare(Cmp::NE, a[1], a[1]);
+        lt = b.or_(lt, b.and_(b.not_(ln), rn_));
+        eq = b.or_(eq, b.and_(ln, rn_));
+      }
+      return b.or_(lt, b.and_(eq, b.compare(Cmp::LT, a[2], a[3])));
+    });
+    sv = sorted[0];
+    si = sorted[1];
   }
   Value freq;
   if (n == 1) {

@@ -15,20 +15,6 @@ namespace {
 
 constexpr ElemType I64 = ElemType::S64;
 
-// x's element at position k[row] along dim, k holding one s64 per row (x's shape without dim).
-Value pick_along(Builder& b, Value x, Value k, int64_t dim) {
-  const Shape& s = x.shape();
-  std::vector<int64_t> rows;
-  for (int64_t i = 0; i < x.rank(); ++i)
-    if (i != dim) rows.push_back(i);
-  Value hit = b.compare(Cmp::EQ, b.iota(Type{I64, s}, dim), b.broadcast_in_dim(k, s, rows));
-  // Unpicked slots add -0.0, which leaves every value (and the sign of a picked -0.0) as it is.
-  bool fl = is_float(x.elem());
-  Value none = fl ? b.constant_f(-0.0, x.elem(), s) : b.zeros(Type{x.elem(), s});
-  Value init = fl ? b.constant_f(-0.0, x.elem()) : b.constant_i(0, x.elem());
-  return b.reduce(b.select(hit, x, none), init, {dim}, "add");
-}
-
 struct Rows {
   Value x;        // the input, flattened to 1-D when there is no dim argument
   int64_t dim;    // the dim reduced over
