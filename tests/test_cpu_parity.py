@@ -301,3 +301,145 @@ def test_lu_inverse_solve_like_cpu(no_fallback: None) -> None:
     assert torch.linalg.inv_ex(singular).info.item() == 2
     with pytest.raises(torch.linalg.LinAlgError, match="singular"):
         torch.linalg.inv(singular)
+
+
+# ---- i10b: Cholesky, QR (LAPACK's algorithms), pdist, special functions
+
+
+def _spd(g: torch.Generator, *shape: int, dtype: torch.dtype = torch.float64) -> torch.Tensor:
+    a = torch.randn(*shape, generator=g, dtype=dtype)
+    return a @ a.mT + shape[-1] * torch.eye(shape[-1], dtype=dtype)
+
+
+def test_cholesky_like_cpu(no_fallback: None) -> None:
+    # potf2's column order: values, info and the partial factor of a non-positive-definite input
+    # equal CPU's; torch.linalg.cholesky / torch.cholesky raise CPU's LinAlgError.
+    g = torch.Generator().manual_seed(0)
+    for dtype in (torch.float64, torch.float32):
+        A = _spd(g, 3, 5, 5, dtype=dtype)
+        At = A.to("tpu")
+        for upper in (False, True):
+            torch.testing.assert_close(torch.linalg.cholesky(At, upper=upper).cpu(), torch.linalg.cholesky(A, upper=upper))
+            L = torch.linalg.cholesky(A[0], upper=upper)
+            torch.testing.assert_close(torch.cholesky_inverse(L.to("tpu"), upper=upper).cpu(), torch.cholesky_inverse(L, upper=upper))
+        assert torch.equal(torch.linalg.cholesky_ex(At).info.cpu(), torch.zeros(3, dtype=torch.int32))
+    bad = torch.tensor([[4.0, 2, 1], [2, 1, 3], [1, 3, 5]])
+    for upper in (False, True):
+        L, info = torch.linalg.cholesky_ex(bad.to("tpu"), upper=upper)
+        L_c, info_c = torch.linalg.cholesky_ex(bad, upper=upper)
+        assert torch.equal(L.cpu(), L_c) and info.item() == info_c.item() == 2
+    nan = torch.eye(3)
+    nan[2, 2] = float("nan")
+    assert torch.linalg.cholesky_ex(nan.to("tpu")).info.item() == 3
+    with pytest.raises(torch.linalg.LinAlgError, match=r"^linalg.cholesky: \(Batch element 1\): The factorization could not"
+                       r" be completed because the input is not positive-definite \(the leading minor of order 2 is not"):
+        torch.linalg.cholesky(torch.stack([torch.eye(3), bad]).to("tpu"))
+    with pytest.warns(UserWarning, match="deprecated"):
+        torch.testing.assert_close(torch.cholesky(At[0]).cpu(), torch.cholesky(A[0]))
+    with pytest.raises(torch.linalg.LinAlgError, match=r"^cholesky: The factorization .* minor of order 2 is"):
+        torch.cholesky(bad.to("tpu"))
+    with pytest.raises(RuntimeError, match="cholesky: A must be batches of square matrices, but they are 2 by 3"):
+        torch.cholesky(torch.ones(2, 3, device="tpu"))
+    # Gradients through the factor and the inverse.
+    grads = []
+    for dev in ("cpu", "tpu"):
+        a = A.detach().to(dev).requires_grad_()
+        L = torch.linalg.cholesky(a)
+        (L.square().sum() + torch.cholesky_inverse(L).sum()).backward()
+        grads.append(a.grad.cpu())
+    torch.testing.assert_close(grads[1], grads[0])
+
+
+def test_qr_householder_like_cpu(no_fallback: None) -> None:
+    # geqr2 with larfg's reflectors: R's diagonal signs, Q, tau and the packed factor equal
+    # LAPACK's, also for rank-deficient input (a zero column gives tau = 0, H = I).
+    g = torch.Generator().manual_seed(1)
+    A = torch.randn(2, 6, 4, generator=g, dtype=torch.float64)
+    deficient = A[0].clone()  # exactly rank 2: zero columns leave tau = 0 (H = I) as in LAPACK
+    deficient[:, 1] = 0
+    deficient[:, 3] = 0
+    for a in (A, A.mT, deficient, A.float()):
+        at = a.to("tpu")
+        for mode in ("reduced", "complete", "r"):
+            Q, R = torch.linalg.qr(at, mode=mode)
+            Q_c, R_c = torch.linalg.qr(a, mode=mode)
+            torch.testing.assert_close(R.cpu(), R_c)
+            torch.testing.assert_close(Q.cpu(), Q_c)
+        h, tau = torch.geqrf(at)
+        h_c, tau_c = torch.geqrf(a)
+        torch.testing.assert_close(h.cpu(), h_c)
+        torch.testing.assert_close(tau.cpu(), tau_c)
+        if a.shape[-2] >= a.shape[-1]:
+            torch.testing.assert_close(torch.linalg.householder_product(h, tau).cpu(),
+                                       torch.linalg.householder_product(h_c, tau_c))
+        c = torch.randn(*a.shape[:-2], a.shape[-2], 3, generator=g, dtype=a.dtype)
+        for left, transpose in ((True, False), (True, True), (False, False), (False, True)):
+            other = c if left else c.mT
+            torch.testing.assert_close(torch.ormqr(h, tau, other.to("tpu"), left, transpose).cpu(),
+                                       torch.ormqr(h_c, tau_c, other, left, transpose))
+    # A column in the span of others: the residual is rounding noise, so only R's leading rows
+    # and the reconstruction are determined (Q's trailing columns follow the noise, on CPU too).
+    dup = A[0].clone()
+    dup[:, 2] = 2 * dup[:, 0] - dup[:, 1]
+    Q, R = torch.linalg.qr(dup.to("tpu"))
+    torch.testing.assert_close(R[:2].cpu(), torch.linalg.qr(dup).R[:2])
+    torch.testing.assert_close((Q @ R).cpu(), dup)
+    grads = []
+    for dev in ("cpu", "tpu"):
+        a = A.detach().to(dev).requires_grad_()
+        Q, R = torch.linalg.qr(a)
+        (Q.sum() + R.square().sum()).backward()
+        grads.append(a.grad.cpu())
+    torch.testing.assert_close(grads[1], grads[0])
+    w = torch.empty(5, 8, device="tpu")
+    torch.nn.init.orthogonal_(w)
+    torch.testing.assert_close((w @ w.T).cpu(), torch.eye(5), atol=1e-5, rtol=0)
+
+
+def test_pdist_like_cpu(no_fallback: None) -> None:
+    # Packed row pairs i < j in CPU's order, every p branch, and the gradient (zero at coincident rows).
+    g = torch.Generator().manual_seed(2)
+    x = torch.randn(7, 5, generator=g, dtype=torch.float64)
+    x[4] = x[1]
+    for p in (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, float("inf")):
+        grads = []
+        for dev in ("cpu", "tpu"):
+            a = x.detach().to(dev).requires_grad_()
+            d = F.pdist(a, p)
+            (d * torch.arange(d.numel(), dtype=d.dtype, device=dev)).sum().backward()
+            grads.append((d.detach().cpu(), a.grad.cpu()))
+        torch.testing.assert_close(grads[1], grads[0], msg=f"p={p}")
+    assert F.pdist(torch.randn(1, 3, device="tpu")).shape == (0,)
+    big = torch.randn(300, 4, generator=g)
+    torch.testing.assert_close(F.pdist(big.to("tpu")).cpu(), F.pdist(big))
+
+
+def test_modified_bessel_like_cpu(no_fallback: None) -> None:
+    # Clenshaw's Chebyshev sums in the input's precision: within a few ulp of CPU's float32 (not
+    # just of the true value), CPU's NaN at i0(inf) / i1(inf), and gradients (through i1, i1e).
+    g = torch.Generator().manual_seed(3)
+    x = torch.cat([torch.randn(2000, generator=g) * 30, torch.tensor([0.0, -0.0, 8.0, -8.0, 88.5, 89.0, 700.0])])
+    x = torch.cat([x, torch.tensor([float("inf"), -float("inf"), float("nan")])])
+    fns = (torch.i0, torch.special.i0e, torch.special.i1, torch.special.i1e,
+           torch.special.modified_bessel_i0, torch.special.modified_bessel_i1, torch.special.modified_bessel_k0,
+           torch.special.modified_bessel_k1, torch.special.scaled_modified_bessel_k0, torch.special.scaled_modified_bessel_k1)
+    for dtype in (torch.float32, torch.float64, torch.bfloat16):
+        xd = x.to(dtype)
+        for fn in fns if dtype != torch.bfloat16 else fns[:4]:  # CPU has no bfloat16 modified_bessel_*
+            got, want = fn(xd.to("tpu")).cpu(), fn(xd)
+            finite = want.isfinite()
+            assert torch.equal(got.isnan(), want.isnan()) and torch.equal(got[~finite & ~want.isnan()], want[~finite & ~want.isnan()])
+            # bfloat16: CPU's vectorized loop computes in float32 (as here) but its scalar tail
+            # runs i0e in bfloat16 arithmetic, up to 2 bfloat16 ulp off.
+            ulp = (8 if dtype != torch.bfloat16 else 2) * torch.finfo(dtype).eps
+            # atol: XLA:CPU flushes subnormal results (K0/K1 past x ~ 97 in float32) to zero.
+            tiny = torch.finfo(dtype).tiny
+            torch.testing.assert_close(got[finite], want[finite], rtol=ulp, atol=tiny, msg=f"{fn.__name__} {dtype}")
+    assert torch.i0(torch.arange(3, device="tpu")).dtype == torch.float32
+    for fn in fns[:4]:
+        grads = []
+        for dev in ("cpu", "tpu"):
+            a = x[:50].double().to(dev).requires_grad_()
+            fn(a).sum().backward()
+            grads.append(a.grad.cpu())
+        torch.testing.assert_close(grads[1], grads[0])
