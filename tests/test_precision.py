@@ -102,6 +102,25 @@ def test_convolution_carries_precision(dump: Path) -> None:
     assert _precisions(dump, "convolution") == {"HIGHEST", "DEFAULT"}
 
 
+def test_host_gemm_is_float32_at_every_precision(dump: Path) -> None:
+    # On the CPU plugin a large float32 product is PyTorch's CPU GEMM (tests/test_host_gemm.py), which
+    # has no reduced-precision passes: at "medium" it computes what "highest" asks (never less precise
+    # than requested), its program carries no precision, and one program serves every setting.
+    if torch_tpu.ops.host_kernels(None, kind="gemm") != "on":
+        pytest.skip("no host GEMM here")
+    torch.manual_seed(7)
+    a, b = torch.randn(72, 100), torch.randn(100, 84)  # 604,800 multiply-adds: above the threshold
+    with torch.tpu.precision("medium"):  # type: ignore[attr-defined]
+        medium = (a.to("tpu") @ b.to("tpu")).cpu()
+    torch.testing.assert_close(medium, a @ b, rtol=1e-5, atol=1e-5)
+    texts = [f.read_text() for f in dump.glob("*.mlir")]
+    assert any('"torch_tpu.gemm"' in t for t in texts) and not any("precision_config" in t for t in texts)
+    before = torch_tpu.cache_stats()["misses"] + torch_tpu.cache_stats()["disk_hits"]
+    highest = (a.to("tpu") @ b.to("tpu")).cpu()
+    assert torch_tpu.cache_stats()["misses"] + torch_tpu.cache_stats()["disk_hits"] == before
+    torch.testing.assert_close(highest, medium, rtol=0, atol=0)
+
+
 def test_compiled_graph_builds_one_program_per_precision(dump: Path) -> None:
     torch.manual_seed(2)
     lin = torch.nn.Linear(24, 7)

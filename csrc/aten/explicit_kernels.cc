@@ -22,6 +22,7 @@
 #include <torch/library.h>
 
 #include <algorithm>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -203,11 +204,20 @@ void ragged_dot_wgrad_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet,
   stack->push_back(out);
 }
 
-// torch_tpu::_host_kernels(enable): -1 reads; 0 / 1 / 2 switch the host kernels off / on (by size) /
-// on for every size, for the lowerings that follow; returns "on", "off", "always" or
-// "unavailable: <why>". Starts the client, which registers them.
-std::string host_kernels_op(int64_t enable) {
+// torch_tpu::_host_kernels(enable, kind): -1 reads; 0 / 1 / 2 switch the host kernels off / on (by
+// size) / on for every size, for the lowerings that follow; returns "on", "off", "always" or
+// "unavailable: <why>". With `kind` ("conv" / "gemm"), 0 / 1 switch that kind alone and the answer
+// is that kind's. Starts the client, which registers them.
+std::string host_kernels_op(int64_t enable, std::optional<c10::string_view> kind) {
   runtime::Context::get().client();
+  if (kind) {
+    const std::string k(*kind);
+    TORCH_CHECK_VALUE(k == "conv" || k == "gemm", "host_kernels: kind must be 'conv' or 'gemm', got '", k, "'");
+    const auto hk = k == "conv" ? lowering::HostKernel::Conv : lowering::HostKernel::Gemm;
+    if (enable >= 0) lowering::set_host_kernel_enabled(hk, enable != 0);
+    const std::string all = runtime::host_kernels_status();
+    return all.rfind("unavailable", 0) == 0 || all == "off" || lowering::host_kernel_enabled(hk) ? all : "off";
+  }
   if (enable >= 0) {
     lowering::set_host_kernels_enabled(enable != 0);
     lowering::set_host_kernels_any_size(enable == 2);
@@ -271,6 +281,6 @@ TORCH_LIBRARY_IMPL(torch_tpu, PrivateUse1, m) {
   m.impl("ragged_dot_weight_grad", torch::CppFunction::makeFromBoxedFunction<&ragged_dot_wgrad_kernel>());
 }
 
-TORCH_LIBRARY_FRAGMENT(torch_tpu, m) { m.def("_host_kernels(int enable=-1) -> str", &host_kernels_op); }
+TORCH_LIBRARY_FRAGMENT(torch_tpu, m) { m.def("_host_kernels(int enable=-1, str? kind=None) -> str", &host_kernels_op); }
 
 }  // namespace tpu::aten

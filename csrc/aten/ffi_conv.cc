@@ -29,8 +29,6 @@
 
 #include "ffi_common.h"
 
-#include <dlfcn.h>
-
 #include <exception>
 #include <optional>
 #include <string>
@@ -47,51 +45,6 @@ using ffi_buffers::wrap;
 
 std::vector<int64_t> vec(ffi::Span<const int64_t> s) { return std::vector<int64_t>(s.begin(), s.end()); }
 
-// One OpenMP thread for this thread's ATen kernels during a scope (oneDNN follows OpenMP's team
-// size). The runtime's functions are looked up, since extensions load RTLD_LOCAL: in the process
-// (RTLD_DEFAULT) or in the OpenMP library torch loaded.
-class OneOmpThread {
- public:
-  OneOmpThread() {
-    static const Fns f = lookup();
-    fns_ = &f;
-    if (f.set && f.get) {
-      prev_ = f.get();
-      f.set(1);
-    }
-  }
-  ~OneOmpThread() {
-    if (prev_ > 0) fns_->set(prev_);
-  }
-  OneOmpThread(const OneOmpThread&) = delete;
-  OneOmpThread& operator=(const OneOmpThread&) = delete;
-
- private:
-  struct Fns {
-    void (*set)(int) = nullptr;
-    int (*get)() = nullptr;
-  };
-  static void* find(const char* name) {
-    if (void* p = dlsym(RTLD_DEFAULT, name)) return p;
-    for (const char* lib : {"libgomp.so.1", "libiomp5.so", "libomp.so"}) {
-      void* h = dlopen(lib, RTLD_LAZY | RTLD_NOLOAD);
-      if (!h) continue;
-      void* p = dlsym(h, name);
-      dlclose(h);
-      if (p) return p;
-    }
-    return nullptr;
-  }
-  static Fns lookup() {
-    Fns f;
-    f.set = reinterpret_cast<void (*)(int)>(find("omp_set_num_threads"));
-    f.get = reinterpret_cast<int (*)()>(find("omp_get_max_threads"));
-    return f;
-  }
-  const Fns* fns_;
-  int prev_ = 0;
-};
-
 // input [N, Cin, s...], weight [Cout, Cin/G, k...] (transposed: [Cin, Cout/G, k...]), bias [Cout]
 // when has_bias (otherwise the third operand is a placeholder) -> out [N, Cout, o...].
 ffi::Error host_conv(ffi::AnyBuffer input, ffi::AnyBuffer weight, ffi::AnyBuffer bias,
@@ -101,7 +54,7 @@ ffi::Error host_conv(ffi::AnyBuffer input, ffi::AnyBuffer weight, ffi::AnyBuffer
                      int64_t has_bias) {
   try {
     c10::InferenceMode no_autograd;
-    OneOmpThread one;
+    ffi_buffers::OmpThreads one(1);
     at::Tensor x = wrap(input), w = wrap(weight), y = wrap(*out);
     std::optional<at::Tensor> b;
     if (has_bias) b = wrap(bias);

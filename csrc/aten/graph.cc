@@ -18,6 +18,7 @@
 
 #include "common.h"
 #include "plan_call.h"
+#include "lowering/host_gemm.h"
 #include "lowering/lowering.h"
 #include "runtime/compile_cache.h"
 #include "runtime/context.h"
@@ -226,6 +227,8 @@ bool lower_swapped_product(Builder& b, const GraphDesc& desc, size_t node_index,
   if (x.rank() != 2 || x.elem() != w->elem() || x.elem() != out) return false;
   const int64_t m = x.shape()[0], k = x.shape()[1], n = w->shape()[0];
   if (w->shape()[1] != k || m < kSwapMinRows || m > n || m * n * k < kSwapMinMacs) return false;
+  // The host GEMM (lowering/host_gemm.h) takes the transposed weight as it is stored.
+  if (lowering::host_gemm_wanted(out, 1, m, k, n)) return false;
   const lowering::OpEntry* entry = lowering::find_op("mm");
   lowering::OpCall call;
   call.name = "mm";

@@ -247,7 +247,7 @@ std::optional<Shape> torch_conv_shape(const Shape& x, const Shape& w, const Para
 // own CPU convolution on the program's buffers, in the tensors' dtype (float32/bfloat16/float16)
 // and layout, so no transposes to XLA's NHWC/HWIO either. nullopt: take the XLA path.
 std::optional<Value> host_conv(Builder& b, const OpCall& c, Value x, Value w, const Params& p, const Type& o) {
-  if (!host_kernels_enabled()) return std::nullopt;
+  if (!host_kernel_enabled(HostKernel::Conv)) return std::nullopt;
   const ElemType t = o.elem;
   if (t != ElemType::F32 && t != ElemType::BF16 && t != ElemType::F16) return std::nullopt;
   if (x.elem() != t || w.elem() != t) return std::nullopt;

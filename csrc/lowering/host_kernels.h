@@ -21,4 +21,12 @@ bool host_kernels_enabled();
 void set_host_kernels_any_size(bool any_size);
 bool host_kernels_any_size();
 
+// One switch per kind on top of the one above (torch_tpu.ops.host_kernels(enabled, kind=...)): the
+// convolution forward (host_conv.h) and the matrix products (host_gemm.h), both on by default. The
+// ragged dot follows the one above alone.
+enum class HostKernel : int { Conv = 0, Gemm = 1 };
+inline constexpr int kHostKernelKinds = 2;
+void set_host_kernel_enabled(HostKernel kind, bool enabled);
+bool host_kernel_enabled(HostKernel kind);  // available, switched on, and this kind on
+
 }  // namespace tpu::lowering

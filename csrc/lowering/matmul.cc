@@ -7,11 +7,18 @@
 // and the runtime converts to the output dtype; integer products accumulate in the integer
 // output type. The `beta`/`alpha` Scalars are runtime operands: beta == 0 ignores `self`
 // (NaN/inf included) like PyTorch, selected at runtime.
+//
+// On the CPU plugin, float32 mm / addmm / bmm / baddbmm from a measured size on are the host GEMM
+// (host_gemm.h, aten/ffi_gemm.cc: PyTorch's CPU GEMM as an FFI custom call; see host_product()).
 #include <algorithm>
+#include <cstdio>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "host_gemm.h"
+#include "host_kernels.h"
 #include "linalg_util.h"
 #include "lowering.h"
 
@@ -73,10 +80,82 @@ Value add_scaled(Builder& b, const OpCall& c, Value product) {
   return b.add(bs, scaled);
 }
 
+// ---- the host GEMM (host_gemm.h)
+
+// The constant value of Scalar argument `name` (1 when absent); nullopt when it is a runtime operand.
+std::optional<double> const_scalar(const OpCall& c, const char* name) {
+  if (!c.has(name)) return 1.0;
+  const Arg& a = c.arg(name);
+  if (a.kind == Arg::Kind::Scalar) return a.scalar_value;
+  if (a.kind == Arg::Kind::Double) return a.d;
+  if (a.kind == Arg::Kind::Int) return static_cast<double>(a.i);
+  return std::nullopt;
+}
+
+std::string f64_attr(double v) {
+  char buf[40];
+  std::snprintf(buf, sizeof buf, "%.17e", v);
+  return std::string(buf) + " : f64";
+}
+
+// op(l) op(r) [* alpha + beta * self] as the host GEMM when it is wanted for this product;
+// nullopt: the XLA path. `l` [.., M, K], `r` [.., K, N] (rank 2, or rank 3 with a common batch);
+// `scaled`: addmm/baddbmm (self, beta, alpha); the scalars go to the call when they are program
+// constants, otherwise the product alone is the call and add_scaled applies them.
+std::optional<Value> host_product(Builder& b, const OpCall& c, Value l, Value r, bool scaled) {
+  const Type& o = out_type(c);
+  const int64_t rank = l.rank();
+  if (o.elem != ElemType::F32 || l.elem() != o.elem || r.elem() != o.elem) return std::nullopt;
+  if ((rank != 2 && rank != 3) || r.rank() != rank || o.rank() != rank) return std::nullopt;
+  const int64_t batch = rank == 3 ? l.shape()[0] : 1, m = l.shape()[rank - 2], k = l.shape()[rank - 1],
+                n = r.shape()[rank - 1];
+  if (r.shape()[rank - 2] != k || (rank == 3 && r.shape()[0] != batch)) return std::nullopt;
+  if (!host_gemm_wanted(o.elem, batch, m, k, n)) return std::nullopt;
+  // A transposed operand is passed as the array it transposes (no copy in the program).
+  const std::vector<int64_t> swap = rank == 2 ? std::vector<int64_t>{1, 0} : std::vector<int64_t>{0, 2, 1};
+  const std::optional<Value> lt = b.transposed_from(l, swap), rt = b.transposed_from(r, swap);
+  Value self = l;  // placeholder operand when there is no addend
+  std::optional<double> alpha = 1.0, beta = 0.0;
+  bool has_c = false;
+  if (scaled) {
+    alpha = const_scalar(c, "alpha");
+    beta = const_scalar(c, "beta");
+    self = c.tensor("self");
+    has_c = alpha && beta && self.elem() == o.elem && self.rank() <= rank;
+    if (!has_c) alpha = 1.0, beta = 0.0, self = l;
+  }
+  const std::string attrs = std::string("call_target_name = \"") + kHostGemmTarget +
+                            "\", api_version = 4 : i32, backend_config = {trans_a = " + (lt ? "1" : "0") +
+                            " : i64, trans_b = " + (rt ? "1" : "0") + " : i64, has_c = " + (has_c ? "1" : "0") +
+                            " : i64, alpha = " + f64_attr(*alpha) + ", beta = " + f64_attr(*beta) + "}";
+  Value y = b.op("custom_call", {lt ? *lt : l, rt ? *rt : r, self}, o, attrs);
+  if (scaled && !has_c) y = add_scaled(b, c, y);
+  return y;
+}
+
 }  // namespace
+
+// When the host GEMM beats XLA's dot. Strict-eager products x @ w.t() (a Linear), one program each,
+// alternated processes at load ~3, median ms per call wall / process CPU, XLA dot vs host GEMM
+// (one thread): [4,256]x[256,256] 0.14-0.17 / 0.04-0.06; [64,64]x[64,64] 0.04-0.05 / 0.03;
+// [64,256]x[256,256] 0.59-0.60 / 0.14-0.17; [8,256]x[256,1024] 0.85 / 0.16-0.17; [512,256]x[256,256]
+// 1.39-1.61 / 1.07-1.17; [512,1024]x[1024,256] 6.4-6.6 / 4.7-6.5; bmm [16,128,64]x[16,64,128]
+// 1.08-1.12 / 0.70-1.05; [1024]^3 44.7-45.1 / 34.8-53.7 (noisy at that load). One-row products
+// (decode's GEMVs, [1,256]x[256,1024]: 0.07-0.08 either way) stay XLA's: in a compiled graph XLA fuses
+// them into a loop that streams the weight. Below 2^18 multiply-adds a call is tens of microseconds
+// either way and an XLA dot can fuse with its neighbours.
+constexpr int64_t kHostGemmMinMacs = int64_t{1} << 18;
+constexpr int64_t kHostGemmMinRows = 2;
+
+bool host_gemm_wanted(ElemType t, int64_t batch, int64_t m, int64_t k, int64_t n) {
+  if (t != ElemType::F32 || batch <= 0 || m <= 0 || k <= 0 || n <= 0) return false;
+  if (!host_kernel_enabled(HostKernel::Gemm)) return false;
+  return host_kernels_any_size() || (m >= kHostGemmMinRows && batch * m * k * n >= kHostGemmMinMacs);
+}
 
 TPU_LOWER(mm) {
   ElemType t = prod_type(out_type(c).elem);
+  if (auto y = host_product(b, c, c.tensor("self"), c.tensor("mat2"), false)) return {*y};
   return {dot(b, c.tensor("self"), c.tensor("mat2"), {}, {}, {1}, {0}, t)};
 }
 
@@ -99,6 +178,7 @@ TPU_LOWER(_scaled_mm) {
 
 TPU_LOWER(bmm) {
   ElemType t = prod_type(out_type(c).elem);
+  if (auto y = host_product(b, c, c.tensor("self"), c.tensor("mat2"), false)) return {*y};
   return {dot(b, c.tensor("self"), c.tensor("mat2"), {0}, {0}, {2}, {1}, t)};
 }
 
@@ -119,11 +199,13 @@ TPU_LOWER(vdot) {  // conj(self) . other; reals only
 
 TPU_LOWER(addmm) {
   ElemType t = prod_type(out_type(c).elem);
+  if (auto y = host_product(b, c, c.tensor("mat1"), c.tensor("mat2"), true)) return {*y};
   return {add_scaled(b, c, dot(b, c.tensor("mat1"), c.tensor("mat2"), {}, {}, {1}, {0}, t))};
 }
 
 TPU_LOWER(baddbmm) {
   ElemType t = prod_type(out_type(c).elem);
+  if (auto y = host_product(b, c, c.tensor("batch1"), c.tensor("batch2"), true)) return {*y};
   return {add_scaled(b, c, dot(b, c.tensor("batch1"), c.tensor("batch2"), {0}, {0}, {2}, {1}, t))};
 }
 

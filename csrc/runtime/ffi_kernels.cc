@@ -9,6 +9,7 @@
 #include <utility>
 #include <vector>
 
+#include "lowering/host_gemm.h"
 #include "lowering/host_kernels.h"
 #include "pjrt/ffi.h"
 #include "stablehlo/builder.h"
@@ -24,8 +25,8 @@ std::vector<std::pair<std::string, void*>>& offered() {
 }
 
 // The plugin discards registration errors and an unknown target fails only when a program using
-// it compiles, so registration is confirmed by compiling and running both handlers once on 2x2
-// operands (about 20 ms, once per process) before any lowering may emit them.
+// it compiles, so registration is confirmed by compiling and running the ragged dot's handlers and
+// the GEMM's once on 2x2 operands (about 20 ms, once per process) before any lowering may emit them.
 void probe(const pjrt::Client& client) {
   using shlo::ElemType;
   using shlo::Type;
@@ -39,7 +40,12 @@ void probe(const pjrt::Client& client) {
                           "\", api_version = 4 : i32, backend_config = {group_sizes = 0 : i32}";
   shlo::Value y = b.op("custom_call", {a, w, e}, Type{ElemType::F32, {2, 2}}, fwd);
   shlo::Value g = b.op("custom_call", {a, a, e}, Type{ElemType::F32, {1, 2, 2}}, bwd);
-  auto exe = client.compile(b.module({y, g}), pjrt::portable_compile_options());
+  const std::string gemm = std::string("call_target_name = \"") + lowering::kHostGemmTarget +
+                           "\", api_version = 4 : i32, backend_config = {trans_a = 0 : i64, trans_b = 1 : i64, "
+                           "has_c = 1 : i64, alpha = 2.0 : f64, beta = 0.5 : f64}";
+  shlo::Value wm = b.reshape(w, {2, 2});
+  shlo::Value h = b.op("custom_call", {a, wm, wm}, Type{ElemType::F32, {2, 2}}, gemm);
+  auto exe = client.compile(b.module({y, g, h}), pjrt::portable_compile_options());
   PJRT_Device* dev = client.devices().at(0).device;
   const float av[4] = {1, 2, 3, 4}, wv[4] = {5, 6, 7, 8};
   const int64_t ev[1] = {1};
@@ -47,13 +53,16 @@ void probe(const pjrt::Client& client) {
   auto bw = client.from_host(wv, pjrt::ElementType::F32, {1, 2, 2}, dev);
   auto be = client.from_host(ev, pjrt::ElementType::S64, {1}, dev);
   auto outs = exe->execute(dev, {ba->raw(), bw->raw(), be->raw()}, {}, nullptr);
-  float yv[4], gv[4];
+  float yv[4], gv[4], hv[4];
   outs.at(0)->to_host(yv, sizeof yv);
   outs.at(1)->to_host(gv, sizeof gv);
+  outs.at(2)->to_host(hv, sizeof hv);
   // Row 0 is group 0's: [1,2] x [[5,6],[7,8]]; row 1 is past the groups. out[0] = [1,2]^T [1,2].
-  const float ye[4] = {19, 22, 0, 0}, ge[4] = {1, 2, 2, 4};
+  // GEMM: 2 * a @ w^T + 0.5 * w = 2 * [[17,23],[39,53]] + 0.5 * [[5,6],[7,8]].
+  const float ye[4] = {19, 22, 0, 0}, ge[4] = {1, 2, 2, 4}, he[4] = {36.5f, 49, 81.5f, 110};
   for (int i = 0; i < 4; ++i)
-    if (yv[i] != ye[i] || gv[i] != ge[i]) throw std::runtime_error("the probe call computed wrong values");
+    if (yv[i] != ye[i] || gv[i] != ge[i] || hv[i] != he[i])
+      throw std::runtime_error("the probe call computed wrong values");
 }
 
 }  // namespace

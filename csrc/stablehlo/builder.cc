@@ -413,7 +413,15 @@ Value Builder::transpose(Value x, const std::vector<int64_t>& perm) {
   if (identity) return x;
   Shape s;
   for (int64_t p : perm) s.push_back(x.shape()[p]);
-  return op("transpose", {x}, Type{x.elem(), s}, "permutation = " + dense_array(perm));
+  Value r = op("transpose", {x}, Type{x.elem(), s}, "permutation = " + dense_array(perm));
+  transposes_.emplace_back(r.id, x, perm);
+  return r;
+}
+
+std::optional<Value> Builder::transposed_from(Value v, const std::vector<int64_t>& perm) const {
+  for (auto it = transposes_.rbegin(); it != transposes_.rend(); ++it)
+    if (std::get<0>(*it) == v.id) return std::get<2>(*it) == perm ? std::optional<Value>(std::get<1>(*it)) : std::nullopt;
+  return std::nullopt;
 }
 
 Value Builder::slice(Value x, const Shape& start, const Shape& limit, const Shape& strides_in) {

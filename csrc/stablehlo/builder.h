@@ -4,8 +4,10 @@
 #pragma once
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 #include <string_view>
+#include <tuple>
 #include <vector>
 
 namespace tpu::shlo {
@@ -122,6 +124,9 @@ class Builder {
   Value broadcast_in_dim(Value x, const Shape& shape, const std::vector<int64_t>& dims);
   Value broadcast_to(Value x, const Shape& shape);  // numpy rules, trailing alignment
   Value transpose(Value x, const std::vector<int64_t>& perm);
+  // The operand of `v` when transpose() made it with `perm` (else nullopt): a consumer that reads
+  // either layout (the host GEMM, lowering/host_gemm.h) takes the array before the transpose.
+  std::optional<Value> transposed_from(Value v, const std::vector<int64_t>& perm) const;
   Value slice(Value x, const Shape& start, const Shape& limit, const Shape& strides = {});
   Value dynamic_slice(Value x, const std::vector<Value>& starts, const Shape& sizes);
   Value dynamic_update_slice(Value x, Value update, const std::vector<Value>& starts);
@@ -197,6 +202,7 @@ class Builder {
   Precision precision_ = Precision::Highest;
   std::vector<Value> errors_;  // i32 scalars: code or 0
   std::vector<int32_t> error_codes_;
+  std::vector<std::tuple<int, Value, std::vector<int64_t>>> transposes_;  // (result id, operand, perm)
 };
 
 }  // namespace tpu::shlo

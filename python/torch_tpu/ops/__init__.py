@@ -170,14 +170,23 @@ def ragged_dot_weight_grad(lhs: torch.Tensor, grad: torch.Tensor, group_sizes: t
     return _call(torch.ops.torch_tpu.ragged_dot_weight_grad.default, lhs, grad, group_sizes)
 
 
-def host_kernels(enabled: bool | str | None = None) -> str:
-    """The host kernels of the CPU PJRT plugin (ragged_dot, its weight gradient and the grouped
-    forms of `_grouped_mm` as XLA FFI custom calls into ATen's CPU GEMM): returns "on", "off",
-    "always" or "unavailable: <why>" (another platform, built without jaxlib's XLA FFI headers, the
-    plugin refused them, or TORCH_TPU_HOST_KERNELS=0). `enabled` switches them for the ops that
-    follow (compiled graphs read the switch when they compile): True (the default state) uses them
-    from a size where they beat the XLA path, "always" for every size, False never."""
+def host_kernels(enabled: bool | str | None = None, kind: str | None = None) -> str:
+    """The host kernels of the CPU PJRT plugin, XLA FFI custom calls into PyTorch's CPU kernels inside
+    the programs: ragged_dot, its weight gradient and the grouped forms of `_grouped_mm` (ATen's CPU
+    GEMM per group), float convolution forwards (kind "conv", PyTorch's CPU convolution) and float32
+    mm / addmm / bmm / baddbmm from a measured size on (kind "gemm", PyTorch's CPU GEMM). Returns
+    "on", "off", "always" or "unavailable: <why>" (another platform, built without jaxlib's XLA FFI
+    headers, the plugin refused them, or TORCH_TPU_HOST_KERNELS=0). `enabled` switches them for the
+    programs built after the call (compiled graphs read the switch when they compile; a cached eager
+    program keeps the path it was built with): True (the default state) uses them from a size where
+    they beat the XLA path, "always" for every size, False never. With `kind`, True / False switch
+    that kind alone (the others keep their state) and the answer is that kind's."""
     modes = {None: -1, False: 0, True: 1, "always": 2}
     if not (enabled is None or isinstance(enabled, bool) or enabled == "always"):
         raise TypeError(f"host_kernels: enabled must be a bool, 'always' or None, got {enabled!r}")
-    return str(torch.ops.torch_tpu._host_kernels(modes[enabled]))
+    if kind is not None:
+        if kind not in ("conv", "gemm"):
+            raise ValueError(f"host_kernels: kind must be 'conv' or 'gemm', got {kind!r}")
+        if enabled == "always":
+            raise ValueError("host_kernels: 'always' applies to every kind at once (kind=None)")
+    return str(torch.ops.torch_tpu._host_kernels(modes[enabled], kind))

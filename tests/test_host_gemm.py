@@ -1,0 +1,192 @@
+"""The host GEMM (csrc/aten/ffi_gemm.cc, csrc/lowering/host_gemm.h): on the CPU plugin float32
+mm / addmm / bmm / baddbmm from a measured size on are PyTorch's CPU GEMM run as the XLA FFI custom
+call "torch_tpu.gemm" inside strict, fused and compiled programs; transposed operands go in as
+the arrays they transpose, with a flag. Every case compares with PyTorch CPU and checks which path
+the program took. Shapes are unique to this file, so each program is built here, on the path the
+test switched to."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+import torch_tpu
+
+DEV = "tpu"
+TARGET = '"torch_tpu.gemm"'
+_CALL = re.compile(r'"stablehlo.custom_call"\((%v\d+), (%v\d+), (%v\d+)\).*call_target_name = "torch_tpu.gemm"'
+                   r".*backend_config = \{([^}]*)\}")
+
+
+@pytest.fixture
+def host() -> Iterator[None]:
+    if torch_tpu.ops.host_kernels() != "on":
+        pytest.skip("no host kernels here")  # test_ragged_dot.py::test_host_kernels_registered says why
+    yield
+    torch_tpu.ops.host_kernels(True)
+    torch_tpu.ops.host_kernels(True, kind="gemm")
+
+
+@pytest.fixture
+def dump(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Callable[[str], str]:
+    """dump(name): programs built from here on go to a folder per name; returns the text of the
+    programs of the previous name (so each step's programs are read separately)."""
+    folders: list[Path] = []
+
+    def switch(name: str) -> str:
+        text = "".join(_programs(folders[-1])) if folders else ""
+        folders.append(tmp_path / name)
+        monkeypatch.setenv("TORCH_TPU_DUMP_DIR", str(folders[-1]))
+        return text
+
+    return switch
+
+
+def _programs(folder: Path) -> list[str]:
+    return [f.read_text() for f in sorted(folder.glob("*.mlir"))]
+
+
+def _rand(*shape: int, seed: int = 0) -> torch.Tensor:
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed + sum(shape)))
+
+
+def _close(got: torch.Tensor, ref: torch.Tensor) -> None:
+    torch.testing.assert_close(got.cpu(), ref, rtol=1e-5, atol=1e-4)
+
+
+def _configs(text: str) -> list[str]:
+    return [m.group(4) for m in _CALL.finditer(text)]
+
+
+def _cfg(trans_a: int, trans_b: int, has_c: int, alpha: float = 1.0, beta: float = 0.0) -> str:
+    return (f"trans_a = {trans_a} : i64, trans_b = {trans_b} : i64, has_c = {has_c} : i64, "
+            f"alpha = {alpha:.17e} : f64, beta = {beta:.17e} : f64")
+
+
+def test_linear_program_is_one_host_gemm(host: None, dump: Callable[[str], str]) -> None:
+    # nn.Linear's addmm(bias, x, weight.t()): one call, the weight passed as stored ([N, K], trans_b),
+    # bias as the addend; no XLA dot. 96 x 160 x 144 = 2.2M multiply-adds, above the threshold.
+    x, w, bias = _rand(96, 160), _rand(144, 160), _rand(144)
+    dump("linear")
+    _close(F.linear(x.to(DEV), w.to(DEV), bias.to(DEV)), F.linear(x, w, bias))
+    text = dump("next")
+    assert _configs(text) == [_cfg(0, 1, 1, 1.0, 1.0)]
+    assert "stablehlo.dot_general" not in text
+    call = _CALL.search(text)
+    assert call is not None
+    weight_arg = call.group(2)  # the weight's [N, K] array itself, not a transpose of it
+    assert not re.search(rf"{weight_arg} = \"stablehlo.transpose\"", text)
+
+
+def test_small_products_stay_xla_dots(host: None, dump: Callable[[str], str]) -> None:
+    a, b = _rand(7, 33), _rand(33, 9)
+    dump("small")
+    _close(a.to(DEV) @ b.to(DEV), a @ b)
+    text = dump("next")
+    assert TARGET not in text and "stablehlo.dot_general" in text
+
+
+@pytest.mark.parametrize("ta, tb", [(False, False), (True, False), (False, True), (True, True)])
+def test_mm_transposed_operands(host: None, dump: Callable[[str], str], ta: bool, tb: bool) -> None:
+    m, k, n = 72 + 2 * ta + tb, 136, 232
+    a = _rand(k, m).t() if ta else _rand(m, k)
+    b = _rand(n, k, seed=1).t() if tb else _rand(k, n, seed=1)
+    dump("mm")
+    _close(torch.mm(a.to(DEV), b.to(DEV)), torch.mm(a, b))
+    assert _configs(dump("next")) == [_cfg(int(ta), int(tb), 0)]
+
+
+def test_addmm_beta_alpha(host: None, dump: Callable[[str], str]) -> None:
+    a, b = _rand(80, 128), _rand(128, 224, seed=2)
+    for self_shape in [(80, 224), (224,), (1, 224), (80, 1)]:
+        s = _rand(*self_shape, seed=3)
+        for beta, alpha in [(1, 1), (0.5, -2.0), (0, 3)]:
+            dump("addmm")
+            got = torch.addmm(s.to(DEV), a.to(DEV), b.to(DEV), beta=beta, alpha=alpha)
+            _close(got, torch.addmm(s, a, b, beta=beta, alpha=alpha))
+            text = dump("next")
+            assert TARGET in text and "stablehlo.dot_general" not in text
+    # beta == 0 ignores self, NaN included, as on the CPU
+    s = torch.full((80, 224), float("nan"))
+    _close(torch.addmm(s.to(DEV), a.to(DEV), b.to(DEV), beta=0), torch.addmm(s, a, b, beta=0))
+
+
+def test_addmm_scalar_operands(host: None, dump: Callable[[str], str]) -> None:
+    # alpha/beta that are runtime operands (not program constants): the call is the product, the
+    # scaling an XLA epilogue; a new value reuses the program.
+    a, b, s = _rand(88, 120), _rand(120, 216, seed=4), _rand(216, seed=5)
+    dump("scalars")
+    for beta, alpha in [(0.37, 1.7), (-1.25, 0.3)]:
+        got = torch.addmm(s.to(DEV), a.to(DEV), b.to(DEV), beta=beta, alpha=alpha)
+        _close(got, torch.addmm(s, a, b, beta=beta, alpha=alpha))
+    assert _configs(dump("next")) == [_cfg(0, 0, 0)]
+
+
+def test_bmm_baddbmm(host: None, dump: Callable[[str], str]) -> None:
+    q, k, v = _rand(6, 96, 40), _rand(6, 104, 40, seed=6), _rand(6, 104, 56, seed=7)
+    dump("bmm")
+    scores = torch.bmm(q.to(DEV), k.to(DEV).transpose(1, 2))  # attention's q @ k^T: k as stored
+    _close(scores, torch.bmm(q, k.transpose(1, 2)))
+    _close(torch.bmm(scores, v.to(DEV)), torch.bmm(torch.bmm(q, k.transpose(1, 2)), v))
+    assert sorted(_configs(dump("next"))) == sorted([_cfg(0, 1, 0), _cfg(0, 0, 0)])
+    s = _rand(6, 1, 104, seed=8)
+    got = torch.baddbmm(s.to(DEV), q.to(DEV), k.to(DEV).transpose(1, 2), beta=0.5, alpha=2)
+    _close(got, torch.baddbmm(s, q, k.transpose(1, 2), beta=0.5, alpha=2))
+    assert _configs(dump("next2")) == [_cfg(0, 1, 1, 2.0, 0.5)]
+
+
+def test_non_contiguous_operands(host: None) -> None:
+    # strided slices and offsets: read through their views (copied), then the GEMM
+    a, b = _rand(100, 300), _rand(400, 200, seed=9)
+    ga, gb = a[3:, ::2], b[::2, 1:]  # [97, 150] x [200, 199] -> take [97,150] x [150,199]
+    gb = gb[:150]
+    _close(ga.to(DEV) @ gb.to(DEV), ga @ gb)
+    out = torch.empty(199, 97, device=DEV).t()  # a transposed out= buffer
+    torch.mm(ga.to(DEV), gb.to(DEV), out=out)
+    _close(out, ga @ gb)
+
+
+def test_fused_and_compiled(host: None, dump: Callable[[str], str], tmp_path: Path) -> None:
+    lin = torch.nn.Linear(168, 136)
+    x = _rand(4, 24, 168)
+    with torch.no_grad():
+        ref = torch.relu(lin(x)) @ lin.weight[:, :136]
+        lin_t = torch.nn.Linear(168, 136).to(DEV)
+        lin_t.load_state_dict(lin.state_dict())
+        wt = lin.weight[:, :136].to(DEV)
+        dump("fused")
+        with torch_tpu.set_eager_mode(torch_tpu.EagerMode.DEFER_AND_FUSE):
+            got = (torch.relu(lin_t(x.to(DEV))) @ wt).cpu()
+        _close(got, ref)
+        text = dump("compiled")
+        assert len(_configs(text)) == 2 and "stablehlo.dot_general" not in text
+        fn = torch.compile(lambda t: torch.relu(lin_t(t)) @ wt, backend="tpu")
+        _close(fn(x.to(DEV)), ref)
+        dump("done")
+        graphs = [t for t in _programs(tmp_path / "compiled") if t.startswith("// graph")]
+        assert graphs and all(len(_configs(g)) == 2 and "stablehlo.dot_general" not in g for g in graphs)
+
+
+def test_switched_off(host: None, dump: Callable[[str], str]) -> None:
+    a, b, s = _rand(104, 144), _rand(144, 152, seed=10), _rand(152, seed=11)
+    assert torch_tpu.ops.host_kernels(False, kind="gemm") == "off"
+    assert torch_tpu.ops.host_kernels(None, kind="conv") == "on"
+    dump("off")
+    _close(torch.addmm(s.to(DEV), a.to(DEV), b.to(DEV)), torch.addmm(s, a, b))
+    text = dump("on")
+    assert TARGET not in text and "stablehlo.dot_general" in text
+    assert torch_tpu.ops.host_kernels(True, kind="gemm") == "on"
+    assert torch_tpu.ops.host_kernels("always") == "always"  # every size: even a 3 x 5 x 2 product
+    _close(_rand(3, 5).to(DEV) @ _rand(5, 2).to(DEV), _rand(3, 5) @ _rand(5, 2))
+    assert _configs(dump("end")) == [_cfg(0, 0, 0)]
+
+
+def test_bad_kind() -> None:
+    with pytest.raises(ValueError, match="kind must be 'conv' or 'gemm'"):
+        torch_tpu.ops.host_kernels(True, kind="mm")
+    with pytest.raises(ValueError, match="'always' applies to every kind"):
+        torch_tpu.ops.host_kernels("always", kind="gemm")
