@@ -23,6 +23,8 @@
 
 from __future__ import annotations
 
+import argparse
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -37,6 +39,19 @@ ITERS = 3
 # The machine is shared (load average ~10 on 2 cores while measuring): ratios use the fastest
 # repeat (least disturbed); medians are recorded too. The kernel cases time each variant in its own
 # steady state (bench_common.steady), the model cases alternate whole runs (bench_common.interleaved).
+
+
+def cpu_ms(fns: dict[str, Callable[[], object]], calls: int = 10) -> dict[str, float]:
+    """Process CPU time (all threads) per call of each variant, `calls` runs after one untimed: the
+    work a variant costs the machine, which the load of a shared machine distorts less than wall time."""
+    out = {}
+    for name, fn in fns.items():
+        fn()
+        t0 = time.process_time()
+        for _ in range(calls):
+            fn()
+        out[name] = (time.process_time() - t0) / calls / ITERS * 1e3
+    return out
 
 
 def per_call_ms(times: dict[str, list[float]]) -> tuple[dict[str, float], dict[str, float]]:
@@ -215,8 +230,9 @@ def ragged_case(form: str, dtype: torch.dtype) -> dict[str, Any]:
     for f in fns.values():
         f()
     ms, med = per_call_ms(steady(fns, KERNEL_REPEATS))
+    cpu = cpu_ms({k: fns[k] for k in ("ragged_dot", "ragged_dot_xla", "cpu_grouped_mm")})
     return {"form": form, "dtype": str(dtype).removeprefix("torch."), "group_sizes": sizes.tolist(),
-            "rel_err_vs_cpu_f32": err, "ms": ms, "median_ms": med}
+            "rel_err_vs_cpu_f32": err, "ms": ms, "median_ms": med, "process_cpu_ms": cpu}
 
 
 def decode_case(kind: str, steps: int = 4, batch: int = TOKENS) -> dict[str, Any]:
@@ -311,6 +327,21 @@ def model_case(kind: str) -> dict[str, Any]:
     return {"model": kind, "ms": ms, "median_ms": med}
 
 
+def ragged_rows() -> None:
+    """Only the four ragged_dot rows (forward / weight gradient x float32 / bfloat16), printed, no
+    result file: for A/B runs of two builds."""
+    for form in ("forward", "weight_grad"):
+        for dt in (torch.float32, torch.bfloat16):
+            c = ragged_case(form, dt)
+            ms, cpu = c["ms"], c["process_cpu_ms"]
+            print(f"ragged_dot {form}/{c['dtype']}: ms best/median " + " ".join(
+                f"{k} {ms[k]:.3f}/{c['median_ms'][k]:.3f}" for k in ("ragged_dot", "ragged_dot_xla", "cpu_grouped_mm",
+                                                                      "tpu_hf_eager_loop"))
+                  + f" | cpu/ragged_dot {ms['cpu_grouped_mm'] / ms['ragged_dot']:.2f}x, loop/ragged_dot "
+                  f"{ms['tpu_hf_eager_loop'] / ms['ragged_dot']:.1f}x | process CPU ms "
+                  + " ".join(f"{k} {v:.3f}" for k, v in cpu.items()), flush=True)
+
+
 def run() -> dict[str, Any]:
     gmm = [gmm_case(form, dt) for form in ("up 2d x 3d", "wgrad 2d x 2d") for dt in (torch.float32, torch.bfloat16)]
     rag = [ragged_case(form, dt) for form in ("forward", "weight_grad") for dt in (torch.float32, torch.bfloat16)]
@@ -365,4 +396,10 @@ def run() -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    run()
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else NAME)
+    p.add_argument("--ragged-only", action="store_true",
+                   help="only the four ragged_dot rows, printed (no result file): for A/B runs of two builds")
+    if p.parse_args().ragged_only:
+        ragged_rows()
+    else:
+        run()

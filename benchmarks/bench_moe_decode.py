@@ -132,7 +132,7 @@ def case(kind: str, batches: list[int], steps: int, repeats: int, skip: set[str]
         for _ in range(repeats):
             for k, f in fns.items():
                 times[k].append(f()[0])
-        ref = "cpu_grouped_mm" if "cpu_grouped_mm" in first else "grouped_mm"
+        ref = next(k for k in ("cpu_grouped_mm", "grouped_mm", *first) if k in first)  # --skip may drop any
         ref_toks, ref_logits = first[ref][1], first[ref][2]
         scale = ref_logits.abs().max().item()
         results.append({

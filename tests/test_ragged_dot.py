@@ -83,6 +83,37 @@ def test_forward_and_weight_grad(dtype: torch.dtype, m: int, sizes: list[int], p
     assert torch_tpu.fallback_stats() == {}
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_threaded_column_blocks_strided_and_empty_k(dtype: torch.dtype, path: str) -> None:
+    """Shapes the host kernel splits over two threads (>= 2**22 multiply-adds) and into column blocks
+    (N >= 256), on every dtype's GEMM (bfloat16/float16: MKL's mixed GEMMs where ATen has no native
+    kernel for them): an empty group, 5 rows past the groups, a strided lhs (a column slice of a wider
+    tensor), nn.Linear-layout experts (a transposed view), and K = 0 (zeros)."""
+    g = torch.Generator().manual_seed(7)
+    sizes = [20, 0, 1, 38]
+    wide = torch.randn(64, 512, generator=g).to(dtype)
+    lhs = wide[:, ::2]  # [64, 256], strided
+    rhs = (torch.randn(4, 256, 384, generator=g) / 16).to(dtype)
+    grad = torch.randn(64, 384, generator=g).to(dtype)
+    gs = torch.tensor(sizes, dtype=torch.int32).to("tpu")
+    lt = wide.to("tpu")[:, ::2]
+    rl = rhs.transpose(1, 2).contiguous().to("tpu")  # [G, N, K] storage
+    out = torch.tpu.ops.ragged_dot(lt, rhs.to("tpu"), gs)
+    out_t = torch.tpu.ops.ragged_dot(lt, rl.transpose(1, 2), gs)
+    wg = torch.tpu.ops.ragged_dot_weight_grad(lt, grad.to("tpu"), gs)
+    # the op's CPU kernel: float32 products, rounded once to the dtype, as both GEMMs do
+    ref, ref_w = torch.ops.torch_tpu.ragged_dot(lhs, rhs, gs.cpu()), torch.ops.torch_tpu.ragged_dot_weight_grad(
+        lhs, grad, gs.cpu())
+    assert out.dtype == dtype and wg.dtype == dtype
+    torch.testing.assert_close(out.cpu(), ref, **TOL[dtype])
+    torch.testing.assert_close(out_t.cpu(), ref, **TOL[dtype])
+    torch.testing.assert_close(wg.cpu(), ref_w, **TOL[dtype])
+    assert out.cpu()[59:].abs().max() == 0 and wg.cpu()[1].abs().max() == 0
+    empty = torch.tpu.ops.ragged_dot(torch.ones(6, 0, dtype=dtype).to("tpu"), torch.ones(2, 0, 3, dtype=dtype).to("tpu"),
+                                     torch.tensor([2, 3], dtype=torch.int32).to("tpu"))
+    torch.testing.assert_close(empty.cpu(), torch.zeros(6, 3, dtype=dtype))
+
+
 @pytest.mark.parametrize("sizes", [[5, 5, 5, 5], [3, -2, 20, 5]])
 def test_groups_past_the_rows_and_negative_sizes(sizes: list[int], path: str) -> None:
     """sum(group_sizes) > M and negative sizes: the groups are clipped to the M rows and a negative

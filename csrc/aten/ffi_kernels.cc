@@ -4,9 +4,10 @@
 // The ragged dot at MoE decode sizes is bound by the GEMM, and XLA:CPU's dot is 2.7-5x slower
 // than oneDNN/MKL there (no XLA flag changes that; measured in benchmarks/bench_grouped_mm.py).
 // These handlers run inside the program, on the plugin's buffers, which are host memory: each
-// group's rows are multiplied by ATen's CPU GEMM (MKL/oneDNN, AMX for bf16) into its rows of the
-// output, wrapped with from_blob (no copy), split over threads without an OpenMP barrier (below). They read the group sizes / offsets from a device buffer that is ready
-// when the call runs, so nothing syncs with the host and the op stays one node of whatever
+// group's rows are multiplied by ATen's CPU GEMM (MKL/oneDNN, AMX for bf16; MKL's mixed GEMMs for
+// bf16/f16 on CPUs where ATen has no fast kernel for them) into its rows of the output, wrapped
+// with from_blob (no copy), split over threads without an OpenMP barrier (below). They read the
+// group sizes / offsets from a device buffer that is ready when the call runs, so nothing syncs with the host and the op stays one node of whatever
 // program (strict, fused or compiled) contains it.
 //
 // Built only when the XLA FFI headers of the installed jaxlib are on the include path (setup.py);
@@ -25,6 +26,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cstdlib>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -79,6 +81,23 @@ std::vector<int64_t> group_ends(const ffi::AnyBuffer& groups, bool sizes, int64_
 // two of its own tasks means the helper was descheduled, and the next calls run on the caller
 // alone (8, doubling to 256 while it recurs, halving back after calls without such a wait).
 
+// A symbol of the libraries torch loaded, looked up at run time (a torch without MKL or GNU OpenMP
+// still loads this file). Extensions load RTLD_LOCAL, so look in the libraries that define them:
+// libtorch_cpu (MKL is linked into it) and the OpenMP runtime torch loaded.
+void* find_symbol(const char* name) {
+  if (void* p = dlsym(RTLD_DEFAULT, name)) return p;
+  Dl_info info;
+  for (const char* lib : {static_cast<const char*>(nullptr), "libgomp.so.1", "libiomp5.so", "libomp.so"}) {
+    if (!lib && !dladdr(reinterpret_cast<void*>(&at::get_num_threads), &info)) continue;
+    void* h = dlopen(lib ? lib : info.dli_fname, RTLD_LAZY | RTLD_NOLOAD);
+    if (!h) continue;
+    void* p = dlsym(h, name);
+    dlclose(h);
+    if (p) return p;
+  }
+  return nullptr;
+}
+
 // Sequential GEMMs on this thread for a scope: MKL's per-thread setting and OpenMP's per-thread
 // team size (oneDNN's bf16/f16 GEMM follows it). Looked up at run time, so a torch without MKL or
 // GNU OpenMP still loads this file (the GEMMs then keep their own threading).
@@ -106,31 +125,87 @@ class OneThreadGemms {
     void (*omp_set)(int) = nullptr;
     int (*omp_get)() = nullptr;
   };
-  // Extensions load RTLD_LOCAL, so look in the libraries that define them: libtorch_cpu (MKL is
-  // linked into it) and the OpenMP runtime torch loaded.
-  static void* find(const char* name) {
-    if (void* p = dlsym(RTLD_DEFAULT, name)) return p;
-    Dl_info info;
-    for (const char* lib : {static_cast<const char*>(nullptr), "libgomp.so.1", "libiomp5.so", "libomp.so"}) {
-      if (!lib && !dladdr(reinterpret_cast<void*>(&at::get_num_threads), &info)) continue;
-      void* h = dlopen(lib ? lib : info.dli_fname, RTLD_LAZY | RTLD_NOLOAD);
-      if (!h) continue;
-      void* p = dlsym(h, name);
-      dlclose(h);
-      if (p) return p;
-    }
-    return nullptr;
-  }
   static Fns lookup() {
     Fns f;
-    f.mkl_local = reinterpret_cast<int (*)(int)>(find("MKL_Set_Num_Threads_Local"));
-    f.omp_set = reinterpret_cast<void (*)(int)>(find("omp_set_num_threads"));
-    f.omp_get = reinterpret_cast<int (*)()>(find("omp_get_max_threads"));
+    f.mkl_local = reinterpret_cast<int (*)(int)>(find_symbol("MKL_Set_Num_Threads_Local"));
+    f.omp_set = reinterpret_cast<void (*)(int)>(find_symbol("omp_set_num_threads"));
+    f.omp_get = reinterpret_cast<int (*)()>(find_symbol("omp_get_max_threads"));
     return f;
   }
   const Fns* fns_;
   int mkl_prev_ = 0, omp_prev_ = 0;
 };
+
+// ---- bfloat16/float16 GEMMs on CPUs without native support for them.
+//
+// ATen's bf16/f16 mm runs oneDNN only where oneDNN supports the type natively (AVX-512 for bf16,
+// AVX512-FP16 or AMX for f16; ideep's has_bf16/fp16_type_support); elsewhere it falls back to
+// scalar loops: on the AVX2 EPYC this was measured on, one decode-size group
+// ([16,512] x [512,1024]) took 17 ms in bf16 and 19 ms in f16 against 0.43 ms in float32, and the
+// benchmark's ragged dot ~200 ms. MKL's mixed GEMMs (linked into libtorch_cpu: bf16/f16 operands,
+// float32 accumulation and result) run the same product in 0.6 / 1.7 ms. There the handlers use
+// them: each block is computed into a float32 scratch and rounded once to the output type, as
+// ATen's own kernels round their float32 accumulator.
+using MixedGemm = void (*)(int layout, int transa, int transb, int m, int n, int k, float alpha, const void* a,
+                           int lda, const void* b, int ldb, float beta, float* c, int ldc);
+
+// MKL's mixed GEMM for `t` when ATen's would be the scalar fallback on this CPU, else null.
+MixedGemm mixed_gemm(c10::ScalarType t) {
+  static const auto pick = [](const char* sym, bool native) {
+    const char* env = std::getenv("TORCH_TPU_HOST_GEMM");  // "aten": always ATen's (A/B, tests)
+    if (native || (env && std::string(env) == "aten")) return MixedGemm{nullptr};
+    return reinterpret_cast<MixedGemm>(find_symbol(sym));
+  };
+  static const MixedGemm bf16 = pick("cblas_gemm_bf16bf16f32", __builtin_cpu_supports("avx512bw") &&
+                                                                   __builtin_cpu_supports("avx512vl") &&
+                                                                   __builtin_cpu_supports("avx512dq"));
+  static const MixedGemm f16 = pick("cblas_gemm_f16f16f32", __builtin_cpu_supports("avx512fp16"));
+  return t == c10::kBFloat16 ? bf16 : t == c10::kHalf ? f16 : nullptr;
+}
+
+// A 2-D view as a BLAS operand: transposed or not, and its leading dimension; false when neither
+// dim is contiguous.
+bool blas_operand(const at::Tensor& t, int& trans, int& ld) {
+  constexpr int kNoTrans = 111, kTrans = 112;
+  const int64_t r = t.size(0), c = t.size(1), s0 = t.stride(0), s1 = t.stride(1);
+  if (s1 == 1 || c == 1) {
+    const int64_t l = r == 1 ? c : s0;
+    if (l >= std::max<int64_t>(c, 1)) return trans = kNoTrans, ld = static_cast<int>(l), true;
+  }
+  if (s0 == 1 || r == 1) {
+    const int64_t l = c == 1 ? r : s1;
+    if (l >= std::max<int64_t>(r, 1)) return trans = kTrans, ld = static_cast<int>(l), true;
+  }
+  return false;
+}
+
+// y = a x b with MKL's mixed GEMM `fn`; y, a, b are 2-D views in one reduced type.
+void mixed_mm_out(MixedGemm fn, at::Tensor y, at::Tensor a, at::Tensor b) {
+  const int64_t m = a.size(0), k = a.size(1), n = b.size(1);
+  if (m == 0 || n == 0) return;
+  if (k == 0) {
+    y.zero_();
+    return;
+  }
+  int ta, tb, lda, ldb;
+  if (!blas_operand(a, ta, lda)) a = a.contiguous(), blas_operand(a, ta, lda);
+  if (!blas_operand(b, tb, ldb)) b = b.contiguous(), blas_operand(b, tb, ldb);
+  thread_local std::vector<float> scratch;
+  scratch.resize(static_cast<size_t>(m * n));
+  constexpr int kRowMajor = 101;
+  fn(kRowMajor, ta, tb, static_cast<int>(m), static_cast<int>(n), static_cast<int>(k), 1.0f, a.data_ptr(), lda,
+     b.data_ptr(), ldb, 0.0f, scratch.data(), static_cast<int>(n));
+  y.copy_(at::from_blob(scratch.data(), {m, n}, at::TensorOptions().dtype(c10::kFloat)));
+}
+
+// One group's product into y: ATen's CPU GEMM, or MKL's mixed GEMM (`mixed` non-null).
+void group_mm(MixedGemm mixed, at::Tensor y, const at::Tensor& a, const at::Tensor& b) {
+  if (mixed) {
+    mixed_mm_out(mixed, std::move(y), a, b);
+  } else {
+    at::cpu::mm_out(y, a, b);
+  }
+}
 
 // Tasks 0..total-1, taken from one counter by the caller and by helper tasks on ATen's inter-op
 // pool. The state outlives the call (shared_ptr): a helper that starts after the caller returned
@@ -206,8 +281,8 @@ void run_tasks(int64_t total, int64_t threads, std::function<void(int64_t)> task
 // Column parts per group: one per thread when the output is wide enough (>= 128 columns a part),
 // in multiples of 64 columns. Cutting N keeps the tasks equal whatever the group sizes; each
 // output element is still one dot product over K, so the result is the per-group mm's, bit for bit.
-// bfloat16/float16 GEMMs go through oneDNN, whose setup costs ~20 us a call (a [16,512]x[512,512]
-// bf16 mm takes ~43 us): with at least two non-empty groups per thread, whole groups are the tasks
+// bfloat16/float16 GEMMs that ATen runs through oneDNN (not mixed_gemm's) pay its setup, ~20 us a
+// call (a [16,512]x[512,512] bf16 mm takes ~43 us on an AMX Xeon): with at least two non-empty groups per thread, whole groups are the tasks
 // (A/B at load 4-5, decode batch 64 shape: median 1.5-3.5 ms vs 2.4-4.5 ms with column halves).
 int64_t column_parts(int64_t n, int64_t threads, int64_t groups, bool reduced) {
   if (reduced && groups >= 2 * threads) return 1;
@@ -243,14 +318,16 @@ ffi::Error ragged_dot(ffi::AnyBuffer lhs, ffi::AnyBuffer rhs, ffi::AnyBuffer gro
     for (int64_t i = 0; i < g; ++i)
       if (e[i] > (i ? e[i - 1] : 0)) used.push_back(i);
     const int64_t threads = gemm_threads(m * a.size(1) * n);
-    const int64_t parts = column_parts(n, threads, static_cast<int64_t>(used.size()), a.element_size() < 4);
+    const MixedGemm mixed = mixed_gemm(a.scalar_type());
+    const int64_t parts =
+        column_parts(n, threads, static_cast<int64_t>(used.size()), a.element_size() < 4 && !mixed);
     run_tasks(static_cast<int64_t>(used.size()) * parts, threads, [&](int64_t t) {
       const int64_t i = used[t / parts], r0 = i ? e[i - 1] : 0;
       const auto [c0, c1] = part_columns(n, parts, t % parts);
       at::Tensor wi = w.select(0, i);
       wi = rhs_col_major ? wi.narrow(0, c0, c1 - c0).t() : wi.narrow(1, c0, c1 - c0);
       at::Tensor yi = y.narrow(0, r0, e[i] - r0).narrow(1, c0, c1 - c0);
-      at::cpu::mm_out(yi, a.narrow(0, r0, e[i] - r0), wi);
+      group_mm(mixed, yi, a.narrow(0, r0, e[i] - r0), wi);
     });
     const int64_t tail = e.empty() ? 0 : e.back();
     if (tail < m) y.narrow(0, tail, m - tail).zero_();
@@ -272,13 +349,14 @@ ffi::Error ragged_dot_wgrad(ffi::AnyBuffer lhs, ffi::AnyBuffer grad, ffi::AnyBuf
     int64_t used = 0;
     for (int64_t i = 0; i < g; ++i) used += e[i] > (i ? e[i - 1] : 0);
     const int64_t threads = gemm_threads(m * a.size(1) * n);
-    const int64_t parts = column_parts(n, threads, used, a.element_size() < 4);
+    const MixedGemm mixed = mixed_gemm(a.scalar_type());
+    const int64_t parts = column_parts(n, threads, used, a.element_size() < 4 && !mixed);
     run_tasks(g * parts, threads, [&](int64_t t) {
       const int64_t i = t / parts, r0 = i ? e[i - 1] : 0;
       const auto [c0, c1] = part_columns(n, parts, t % parts);
       at::Tensor yi = y.select(0, i).narrow(1, c0, c1 - c0);
       if (e[i] > r0) {
-        at::cpu::mm_out(yi, a.narrow(0, r0, e[i] - r0).t(), d.narrow(0, r0, e[i] - r0).narrow(1, c0, c1 - c0));
+        group_mm(mixed, yi, a.narrow(0, r0, e[i] - r0).t(), d.narrow(0, r0, e[i] - r0).narrow(1, c0, c1 - c0));
       } else {
         yi.zero_();
       }
