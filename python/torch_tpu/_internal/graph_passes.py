@@ -29,10 +29,10 @@ def _shape(n: object) -> tuple[int, ...] | None:
     v = n.meta.get("val") if isinstance(n, torch.fx.Node) else None
     if not isinstance(v, torch.Tensor):
         return None
-    try:
-        return tuple(int(s) for s in v.shape)
-    except (TypeError, ValueError):  # symbolic sizes: leave the graph alone
+    # Symbolic sizes: leave the graph alone (int() of a SymInt would specialize it: a guard).
+    if not all(isinstance(s, int) for s in v.shape):
         return None
+    return tuple(v.shape)
 
 
 def _repeated_kv_source(n: torch.fx.Node) -> torch.fx.Node | None:
@@ -78,9 +78,8 @@ def ungroup_repeated_kv(gm: torch.fx.GraphModule) -> int:
     for n in list(gm.graph.nodes):
         if n.op != "call_function" or n.target not in _SDPA_FORWARDS or len(n.args) < 3:
             continue
-        q_s = _shape(n.args[0])
         k, v = (_repeated_kv_source(a) if isinstance(a, torch.fx.Node) else None for a in n.args[1:3])
-        k_s, v_s = _shape(k), _shape(v)
+        q_s, k_s, v_s = _shape(n.args[0]), _shape(k), _shape(v)
         # K and V grouped alike, and the query heads (those of the repeat) a multiple of theirs.
         if q_s is None or k_s is None or v_s is None or len(q_s) != 4 or k_s[:2] != v_s[:2] or q_s[1] % k_s[1]:
             continue
