@@ -218,6 +218,47 @@ def test_tiny_llama_static_cache_decode_no_recompiles() -> None:
     assert after["misses"] == before["misses"] and after["disk_hits"] == before["disk_hits"]
 
 
+def test_tiny_llama_compiled_static_cache_tokens_equal_eager() -> None:
+    """Prefill and greedy decode of HF Llama (GQA: 4 query heads, 2 K/V heads) with a static cache
+    under torch.compile: with the cache's mask HF repeats K/V (repeat_kv) before SDPA, and the
+    compiled graphs give the fused op the grouped K/V instead (graph_passes); tokens equal CPU
+    eager's."""
+    import transformers
+    from torch_tpu._internal import compile as tpu_compile
+
+    torch._dynamo.reset()
+    m = _tiny_llama().eval()
+    mt = copy.deepcopy(m).to("tpu")
+
+    def tokens(model: torch.nn.Module, device: str, step: Any) -> list[int]:
+        cache = transformers.StaticCache(config=model.config, max_cache_len=16)
+        cfg = model.config
+        cache.early_initialization(batch_size=1, num_heads=cfg.num_key_value_heads,
+                                   head_dim=cfg.hidden_size // cfg.num_attention_heads, dtype=torch.float32,
+                                   device=torch.device(device))
+        ids = torch.randint(0, 256, (1, 6), generator=torch.Generator().manual_seed(1)).to(device)
+        out, pos = [], torch.arange(6, device=device)
+        for _ in range(4):
+            tok = step(model, ids, cache, pos)
+            out.append(int(tok.item()))
+            ids, pos = tok, pos[-1:] + 1
+        return out
+
+    def step(model: torch.nn.Module, ids: torch.Tensor, cache: Any, pos: torch.Tensor) -> torch.Tensor:
+        logits = model(input_ids=ids, cache=cache, cache_position=pos, position_ids=pos.unsqueeze(0),
+                       use_cache=True, logits_to_keep=1).logits
+        return logits.argmax(-1)
+
+    before = tpu_compile.STATS["ungrouped_kv"]
+    with torch.no_grad():
+        ref = tokens(m, "cpu", step)
+        with _no_eager_fallback_warning():
+            got = tokens(mt, "tpu", torch.compile(step, backend="tpu", dynamic=False))
+    assert got == ref
+    # 2 layers in the prefill graph and in the decode graph
+    assert tpu_compile.STATS["ungrouped_kv"] - before == 4
+
+
 class _no_eager_fallback_warning:  # noqa: N801 - used as a context manager
     """Fails if a compiled graph had to run op by op."""
 

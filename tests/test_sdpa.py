@@ -291,3 +291,92 @@ def test_compiled_sdpa_matches_cpu() -> None:
     torch.testing.assert_close(out.detach().cpu(), ref.detach(), atol=2e-5, rtol=2e-5)
     for a, b in zip(t, r, strict=True):
         torch.testing.assert_close(a.grad.cpu(), b.grad, atol=2e-5, rtol=2e-5)
+
+
+def _repeat_kv(x: torch.Tensor, n_rep: int) -> torch.Tensor:
+    """transformers' repeat_kv (Llama/Mistral/Qwen attention with a mask): [B, Hk, S, E] ->
+    [B, Hk * n_rep, S, E], head h = kv head h // n_rep."""
+    b, hk, s, e = x.shape
+    return x[:, :, None, :, :].expand(b, hk, n_rep, s, e).reshape(b, hk * n_rep, s, e)
+
+
+def _repeat_kv_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
+                         causal: bool) -> torch.Tensor:
+    g = q.shape[1] // k.shape[1]
+    return F.scaled_dot_product_attention(q, _repeat_kv(k, g), _repeat_kv(v, g), attn_mask=mask, is_causal=causal)
+
+
+def _compiled_programs(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The StableHLO text of every program compiled graphs build from now on."""
+    from torch_tpu import _C
+    from torch_tpu._internal import compile as tpu_compile
+
+    texts: list[str] = []
+    build = tpu_compile._build
+
+    def spy(desc: dict) -> int:  # type: ignore[type-arg]
+        texts.append(_C._graph_text(desc))
+        return build(desc)
+
+    monkeypatch.setattr(tpu_compile, "_build", spy)
+    return texts
+
+
+# B=2, Hq=6, Hk=2 (G=3), L=5, S=7, E=8: the repeat would build K/V as 2x2x3x7x8 = 2x6x7x8.
+REPEAT_KV_CASES = {"causal": (None, True), "float_mask": ("float", False), "bool_mask": ("bool", False)}
+
+
+@pytest.mark.parametrize("case", list(REPEAT_KV_CASES))
+@pytest.mark.parametrize("grouped", [True, False])
+def test_compiled_repeat_kv_attends_grouped(case: str, grouped: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """HF's repeat_kv + SDPA in a compiled graph: the fused op gets the 2 K/V heads (no G-fold
+    copy of K or V in the program: exact text expectation), outputs equal CPU's. With the graph
+    pass off (the old program) the copies are there, so the expectation guards the rewrite."""
+    import torch._dynamo
+    import torch._functorch.config
+    from torch_tpu._internal import compile as tpu_compile
+    from torch_tpu._internal import graph_passes
+
+    torch._dynamo.reset()
+    monkeypatch.setattr(graph_passes, "ENABLED", [grouped])
+    texts = _compiled_programs(monkeypatch)
+    torch.manual_seed(3)
+    mask_kind, causal = REPEAT_KV_CASES[case]
+    (q, k, v), m = _inputs(2, 6, 2, 5, 7, 8, 8, torch.float32, mask_kind)
+    before = tpu_compile.STATS["ungrouped_kv"]
+    f = torch.compile(_repeat_kv_attention, backend="tpu", dynamic=False)
+    # Programs built here, not served from AOTAutograd's cache (its key does not see the switch).
+    with torch.no_grad(), torch._functorch.config.patch(enable_autograd_cache=False):
+        out = f(q.to("tpu"), k.to("tpu"), v.to("tpu"), None if m is None else m.to("tpu"), causal)
+    ref = _repeat_kv_attention(q, k, v, m, causal)
+    torch.testing.assert_close(out.cpu(), ref, atol=2e-5, rtol=2e-5)
+    assert len(texts) == 1
+    repeated = ("tensor<2x2x3x7x8xf32>", "tensor<2x6x7x8xf32>")
+    if grouped:
+        assert tpu_compile.STATS["ungrouped_kv"] == before + 1
+        assert not [r for r in repeated if r in texts[0]], texts[0]
+        # The scores: one product per K/V head, its 3 query heads' 5 rows stacked (4 = B * Hk).
+        assert "tensor<4x15x8xf32>, tensor<4x7x8xf32>) -> tensor<4x15x7xf32>" in texts[0], texts[0]
+    else:
+        assert tpu_compile.STATS["ungrouped_kv"] == before
+        assert all(r in texts[0] for r in repeated), texts[0]
+
+
+def test_compiled_repeat_kv_attention_trains_like_cpu() -> None:
+    """Forward and backward through compiled repeat_kv attention (the forward's fused op takes the
+    grouped K/V; the backward graph keeps the repeat it saved): gradients equal CPU's."""
+    import torch._dynamo
+
+    torch._dynamo.reset()
+    torch.manual_seed(4)
+    qkv, m = _inputs(2, 6, 2, 5, 7, 8, 8, torch.float32, "float")
+    t = [x.to("tpu").requires_grad_() for x in qkv]
+    out = torch.compile(_repeat_kv_attention, backend="tpu", dynamic=False)(*t, m.to("tpu"), False)
+    grad = torch.randn(out.shape)
+    out.backward(grad.to("tpu"))
+    r = [x.clone().requires_grad_() for x in qkv]
+    ref = _repeat_kv_attention(*r, m, False)
+    ref.backward(grad)
+    torch.testing.assert_close(out.detach().cpu(), ref.detach(), atol=2e-5, rtol=2e-5)
+    for a, b in zip(t, r, strict=True):
+        torch.testing.assert_close(a.grad.cpu(), b.grad, atol=2e-5, rtol=2e-5)

@@ -26,7 +26,7 @@ import torch
 import torch.fx
 
 from torch_tpu import _C
-from torch_tpu._internal import compile_meta, dynamic_shapes, xla_options
+from torch_tpu._internal import compile_meta, dynamic_shapes, graph_passes, xla_options
 
 _DTYPE_INDEX = {
     torch.uint8: 0, torch.int8: 1, torch.int16: 2, torch.int32: 3, torch.int64: 4, torch.float16: 5,
@@ -342,7 +342,7 @@ _graph_counter = [0]
 
 # What the backend did with each FX graph it was given (tests and compile_stats() read these).
 STATS = {"graphs": 0, "programs": 0, "partitioned_graphs": 0, "eager_nodes": 0, "eager_graphs": 0,
-         "aot_cache_hits": 0}
+         "aot_cache_hits": 0, "ungrouped_kv": 0}
 # One entry per program built: {"graph", "aot": "traced" | "aot_cache" | "reused" (another
 # precision's program of a graph already here), "xla": "xla_compiled" | "xla_disk" |
 # "xla_memory"}: which tier of each cache served it.
@@ -562,6 +562,9 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any],
             gm, lambda g, inputs: compile_graph(g, inputs, options)))
 
     STATS["graphs"] += 1
+    if graph_passes.ENABLED[0]:
+        for k, v in graph_passes.run(gm).items():
+            STATS[k] += v
     xla = xla_options.encode({**graph_defaults(), **(options or {}), **xla_options.current()})
     host = next((n for n in gm.graph.nodes if n.op == "call_function" and _touches_host(n)), None)
     if dynamic_shapes.is_dynamic(gm) and host is not None:  # buckets cannot pad CPU work: correct, op by op
