@@ -1,6 +1,6 @@
 """The host GEMM (csrc/aten/ffi_gemm.cc, csrc/lowering/host_gemm.h): on the CPU plugin float32
 mm / addmm / bmm / baddbmm from a measured size on are PyTorch's CPU GEMM run as the XLA FFI custom
-call "torch_tpu.gemm" inside strict, fused and compiled programs; transposed operands go in as
+call "torch_tpu.gemm" inside strict and fused programs (compiled graphs keep XLA's dots); transposed operands go in as
 the arrays they transpose, with a flag. Every case compares with PyTorch CPU and checks which path
 the program took. Shapes are unique to this file, so each program is built here, on the path the
 test switched to."""
@@ -151,6 +151,9 @@ def test_non_contiguous_operands(host: None) -> None:
 
 
 def test_fused_and_compiled(host: None, dump: Callable[[str], str], tmp_path: Path) -> None:
+    # Fused eager records the products into one program: two host GEMMs. Compiled graphs keep XLA's
+    # dots (csrc/aten/graph.cc builds them under HostGemmOff: its swapped Linear product cost less
+    # there), with the same results.
     lin = torch.nn.Linear(168, 136)
     x = _rand(4, 24, 168)
     with torch.no_grad():
@@ -168,7 +171,7 @@ def test_fused_and_compiled(host: None, dump: Callable[[str], str], tmp_path: Pa
         _close(fn(x.to(DEV)), ref)
         dump("done")
         graphs = [t for t in _programs(tmp_path / "compiled") if t.startswith("// graph")]
-        assert graphs and all(len(_configs(g)) == 2 and "stablehlo.dot_general" not in g for g in graphs)
+        assert graphs and all(TARGET not in g and "stablehlo.dot_general" in g for g in graphs)
 
 
 def test_switched_off(host: None, dump: Callable[[str], str]) -> None:

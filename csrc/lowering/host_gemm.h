@@ -18,8 +18,21 @@ namespace tpu::lowering {
 inline constexpr const char* kHostGemmTarget = "torch_tpu.gemm";
 
 // Whether a product of `batch` x [m,k] x [k,n] in element type `t` takes the host GEMM now (the
-// switches of host_kernels.h and the measured threshold, matmul.cc). Compiled graphs ask it too
-// (aten/graph.cc keeps such products out of its swapped form).
+// switches of host_kernels.h and the measured threshold, matmul.cc; never inside a HostGemmOff scope).
 bool host_gemm_wanted(shlo::ElemType t, int64_t batch, int64_t m, int64_t k, int64_t n);
+
+// While alive, lowerings on this thread keep XLA's dots. Compiled graphs (aten/graph.cc) build in
+// one: there XLA's dot of a Linear in its swapped form (graph.cc) cost less than the host GEMM
+// (bench_compile prefill, matmul.cc's threshold comment).
+class HostGemmOff {
+ public:
+  HostGemmOff();
+  ~HostGemmOff();
+  HostGemmOff(const HostGemmOff&) = delete;
+  HostGemmOff& operator=(const HostGemmOff&) = delete;
+
+ private:
+  bool prev_;
+};
 
 }  // namespace tpu::lowering

@@ -9,7 +9,8 @@
 // (NaN/inf included) like PyTorch, selected at runtime.
 //
 // On the CPU plugin, float32 mm / addmm / bmm / baddbmm from a measured size on are the host GEMM
-// (host_gemm.h, aten/ffi_gemm.cc: PyTorch's CPU GEMM as an FFI custom call; see host_product()).
+// (host_gemm.h, aten/ffi_gemm.cc: PyTorch's CPU GEMM as an FFI custom call; see host_product()) in
+// strict and fused eager; compiled graphs keep XLA's dots (host_gemm.h, HostGemmOff).
 #include <algorithm>
 #include <cstdio>
 #include <optional>
@@ -135,20 +136,30 @@ std::optional<Value> host_product(Builder& b, const OpCall& c, Value l, Value r,
 
 }  // namespace
 
-// When the host GEMM beats XLA's dot. Strict-eager products x @ w.t() (a Linear), one program each,
-// alternated processes at load ~3, median ms per call wall / process CPU, XLA dot vs host GEMM
-// (one thread): [4,256]x[256,256] 0.14-0.17 / 0.04-0.06; [64,64]x[64,64] 0.04-0.05 / 0.03;
-// [64,256]x[256,256] 0.59-0.60 / 0.14-0.17; [8,256]x[256,1024] 0.85 / 0.16-0.17; [512,256]x[256,256]
-// 1.39-1.61 / 1.07-1.17; [512,1024]x[1024,256] 6.4-6.6 / 4.7-6.5; bmm [16,128,64]x[16,64,128]
-// 1.08-1.12 / 0.70-1.05; [1024]^3 44.7-45.1 / 34.8-53.7 (noisy at that load). One-row products
-// (decode's GEMVs, [1,256]x[256,1024]: 0.07-0.08 either way) stay XLA's: in a compiled graph XLA fuses
-// them into a loop that streams the weight. Below 2^18 multiply-adds a call is tens of microseconds
-// either way and an XLA dot can fuse with its neighbours.
+// When the host GEMM beats XLA's dot. Strict-eager x @ w.t() (a Linear), one program each; median
+// ms per call, XLA dot / host GEMM (one thread). Alternated processes at load ~3, wall:
+// [4,256]x[256,256] 0.14-0.17 / 0.04-0.06; [64,64]x[64,64] 0.04-0.05 / 0.03; [64,256]x[256,256]
+// 0.59-0.60 / 0.14-0.17; [8,256]x[256,1024] 0.85 / 0.16-0.17; [512,256]x[256,256] 1.39-1.61 /
+// 1.07-1.17; [512,256]x[256,1024] 5.2-5.8 / 5.7-6.6; [512,1024]x[1024,256] 6.4-6.6 / 4.7-6.5;
+// bmm [16,128,64]x[16,64,128] 1.08-1.12 / 0.70-1.05; [1024]^3 44.7-45.1 / 34.8-53.7. One process,
+// both programs alternated, load ~11, process CPU: [16,256]x[256,256] 0.56 / 0.18, [64,256]x[256,256]
+// 0.73 / 0.38, [128,512]x[512,1376] 8.8 / 6.5, [128,1376]x[1376,512] 6.4 / 5.4, [512,1024]x[1024,256]
+// 8.0 / 6.7, but [512,256]x[256,256|768|1024] 1.9 / 2.2, 4.4 / 5.4, 6.3 / 6.8 (wall there favours
+// XLA's two threads, which get two shares of a loaded machine). One-row products (GEMVs,
+// [1,256]x[256,1024]: 0.07-0.08 either way) stay XLA's. Below 2^18 multiply-adds a call is tens of
+// microseconds either way.
 constexpr int64_t kHostGemmMinMacs = int64_t{1} << 18;
 constexpr int64_t kHostGemmMinRows = 2;
 
+namespace {
+thread_local bool host_gemm_off = false;
+}  // namespace
+
+HostGemmOff::HostGemmOff() : prev_(host_gemm_off) { host_gemm_off = true; }
+HostGemmOff::~HostGemmOff() { host_gemm_off = prev_; }
+
 bool host_gemm_wanted(ElemType t, int64_t batch, int64_t m, int64_t k, int64_t n) {
-  if (t != ElemType::F32 || batch <= 0 || m <= 0 || k <= 0 || n <= 0) return false;
+  if (host_gemm_off || t != ElemType::F32 || batch <= 0 || m <= 0 || k <= 0 || n <= 0) return false;
   if (!host_kernel_enabled(HostKernel::Gemm)) return false;
   return host_kernels_any_size() || (m >= kHostGemmMinRows && batch * m * k * n >= kHostGemmMinMacs);
 }
