@@ -68,8 +68,7 @@ std::vector<std::pair<std::string, std::string>> describe_call(const std::vector
 
 // Why an op signature missed the dispatch cache: the first call, or what changed since the last
 // signature compiled for the same overload.
-std::string compile_reason(const std::string& op, std::vector<std::pair<std::string, std::string>> sig,
-                           bool flattened) {
+std::string compile_reason(const std::string& op, std::vector<std::pair<std::string, std::string>> sig) {
   static std::mutex mu;
   static auto* last = std::make_unique<std::unordered_map<std::string, std::vector<std::pair<std::string, std::string>>>>().release();
   std::lock_guard<std::mutex> lock(mu);
@@ -87,8 +86,7 @@ std::string compile_reason(const std::string& op, std::vector<std::pair<std::str
       why += std::string(why.empty() ? "" : "; ") + (dtype_change ? "new dtype" : "new shape") + " for '" +
              sig[i].first + "': " + it->second[i].second + " -> " + sig[i].second;
     }
-    if (why.empty()) why = "new signature (storage layout or aliasing changed)";
-    if (flattened) why += " [pointwise: keyed by element count]";
+    if (why.empty()) why = "new signature (storage layout, buffer dims or aliasing changed)";
   }
   (*last)[op] = std::move(sig);
   return why;
@@ -97,8 +95,8 @@ std::string compile_reason(const std::string& op, std::vector<std::pair<std::str
 }  // namespace
 
 std::string compile_reason(const std::string& op, const std::vector<const NamedArg*>& args,
-                           const std::vector<at::Tensor>& outs, bool flattened) {
-  return compile_reason(op, describe_call(args, outs), flattened);
+                           const std::vector<at::Tensor>& outs) {
+  return compile_reason(op, describe_call(args, outs));
 }
 
 }  // namespace tpu::aten

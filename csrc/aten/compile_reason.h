@@ -11,6 +11,6 @@
 namespace tpu::aten {
 
 std::string compile_reason(const std::string& op, const std::vector<const NamedArg*>& args,
-                           const std::vector<at::Tensor>& outs, bool flattened);
+                           const std::vector<at::Tensor>& outs);
 
 }  // namespace tpu::aten

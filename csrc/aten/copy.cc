@@ -101,10 +101,10 @@ at::Tensor from_host(const at::Tensor& host_in, int device) {
   runtime::StorageState& st = state_of(dev);
   auto& ctx = runtime::Context::get();
   runtime::prof::Range prof_range("h2d");
-  auto buf = ctx.client().from_host(host.data_ptr(), pjrt_of(e), {host.numel()}, ctx.device(device));
+  // The buffer takes the tensor's shape (runtime/storage.h): programs read it as it is.
+  auto buf = ctx.client().from_host(host.data_ptr(), pjrt_of(e), host.sizes().vec(), ctx.device(device));
   std::lock_guard<std::mutex> lock(st.mu);
-  st.buffer = std::move(buf);
-  st.elem = e;
+  st.hold(std::move(buf), e, host.sizes());
   return dev;
 }
 
@@ -155,10 +155,9 @@ void copy_into(const at::Tensor& dst, const at::Tensor& src) {
       h = h.contiguous();
       auto& ctx = runtime::Context::get();
       runtime::prof::Range prof_range("h2d");
-      auto buf = ctx.client().from_host(h.data_ptr(), pjrt_of(e), {h.numel()}, ctx.device(st.device));
+      auto buf = ctx.client().from_host(h.data_ptr(), pjrt_of(e), h.sizes().vec(), ctx.device(st.device));
       std::lock_guard<std::mutex> lock(st.mu);
-      st.buffer = std::move(buf);
-      st.elem = e;
+      st.hold(std::move(buf), e, h.sizes());
       return;
     }
     device_copy(dst, from_host(h, dst.device().index()));
@@ -178,10 +177,10 @@ void copy_into(const at::Tensor& dst, const at::Tensor& src) {
     }
     at::Tensor moved = empty_tpu_like(src, dst.device().index());
     auto& ctx = runtime::Context::get();
-    auto buf = state_of(c).buffer->copy_to_device(ctx.device(dst.device().index()));
+    const runtime::StorageState& cs = state_of(c);
+    auto buf = cs.buffer->copy_to_device(ctx.device(dst.device().index()));  // keeps the dims
     runtime::StorageState& ms = state_of(moved);
-    ms.buffer = std::move(buf);
-    ms.elem = e;
+    ms.hold(std::move(buf), e, cs.dims);
     device_copy(dst, moved);
     return;
   }

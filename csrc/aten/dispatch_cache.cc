@@ -153,6 +153,16 @@ void CallSignature::tensor(const at::Tensor& t) {
   w_.push_back(static_cast<int64_t>(st.nbytes));
   // The storage's element type decides the plan's slot type (a never-written storage: the tensor's).
   w_.push_back(st.buffer ? static_cast<int64_t>(st.elem) : -1);
+  // Its buffer's dims are the type of the plan's parameter (runtime/storage.h): -2 when they are
+  // the tensor's sizes (the common case: one word), else rank + dims.
+  if (st.buffer) {
+    if (c10::IntArrayRef(st.dims.data(), st.dims.size()) == t.sizes()) {
+      w_.push_back(-2);
+    } else {
+      w_.push_back(static_cast<int64_t>(st.dims.size()));
+      for (int64_t d : st.dims) w_.push_back(d);
+    }
+  }
   w_.push_back(alias);
 }
 

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -36,11 +37,19 @@ using shlo::Value;
 
 namespace {
 
+// Input dims of a program: per input, the dims of the buffer it is given (runtime/storage.h).
+using InputDims = std::vector<shlo::Shape>;
+
 struct Graph {
-  pjrt::ExecutablePtr exe;
+  pjrt::ExecutablePtr exe;  // inputs given as buffers of their logical shapes (the common case)
   GraphDesc desc;
-  std::vector<int64_t> out_numel;  // storage elements of each output buffer
+  std::vector<int64_t> out_numel;     // storage elements of each output buffer
+  std::vector<shlo::Shape> out_dims;  // dims of each output buffer
   std::vector<runtime::CheckSource> checks;  // device-side checks: the last result is their status
+  // The same graph for inputs whose storages hold other dims (a view's base shape): its parameters
+  // have those dims and are reshaped inside (a bitcast). Built on first use.
+  std::mutex variants_mu;
+  std::map<InputDims, pjrt::ExecutablePtr> variants;
 };
 
 std::mutex graphs_mu;
@@ -295,7 +304,7 @@ void lower_node(Builder& b, const GraphDesc& desc, size_t node_index, std::unord
 // The program's results: graph outputs written into storages of their FX strides (shaped values
 // for export), then aot's input mutations (aliased to their inputs: donated), then the status.
 std::vector<Value> graph_results(Builder& b, const GraphDesc& desc, const std::unordered_map<int64_t, Value>& vals,
-                                 std::vector<int64_t>& out_numel) {
+                                 std::vector<int64_t>& out_numel, std::vector<shlo::Shape>& out_dims) {
   std::vector<Value> results;
   for (size_t i = 0; i < desc.outputs.size(); ++i) {
     const TensorType& t = desc.output_types[i];
@@ -308,9 +317,10 @@ std::vector<Value> graph_results(Builder& b, const GraphDesc& desc, const std::u
     }
     int64_t n = span_of(t.sizes, t.strides);
     runtime::ViewDesc vd{e, t.sizes, t.strides, 0};
-    Value storage = vd.covers(n) ? Value{} : b.zeros(Type{e, {n}});
-    results.push_back(runtime::write_view(b, storage, v, vd, n, e));
+    Value storage = vd.covers(n) || vd.permuted_whole(n) ? Value{} : b.zeros(Type{e, {n}});
+    results.push_back(runtime::write_view(b, storage, v, vd, n, e));  // whole: its logical shape
     out_numel.push_back(n);
+    out_dims.push_back(results.back().shape());
   }
   for (const auto& [input, id] : desc.mutations) {
     const TensorType& t = desc.inputs[input];
@@ -327,30 +337,36 @@ std::vector<Value> graph_results(Builder& b, const GraphDesc& desc, const std::u
   return results;
 }
 
-// The program text; `out_numel` gets the storage elements of each output buffer.
-std::string graph_module(const GraphDesc& desc, std::vector<int64_t>& out_numel,
-                         std::vector<runtime::CheckSource>* checks = nullptr) {
+// The program text; `out_numel` / `out_dims` get the storage elements and dims of each output
+// buffer. `input_dims` (when given) are the dims of the buffers the inputs arrive in.
+std::string graph_module(const GraphDesc& desc, std::vector<int64_t>& out_numel, std::vector<shlo::Shape>& out_dims,
+                         std::vector<runtime::CheckSource>* checks = nullptr, const InputDims* input_dims = nullptr) {
   shlo::Builder b;
   const lowering::HostGemmOff xla_dots;  // the swapped product above beat the host GEMM (host_gemm.h)
   b.set_precision(desc.precision < 0 ? matmul_precision() : static_cast<shlo::Precision>(desc.precision));
   std::unordered_map<int64_t, Value> vals;
-  for (size_t i = 0; i < desc.inputs.size(); ++i)
-    vals[static_cast<int64_t>(i)] = b.arg(Type{elem_of(static_cast<c10::ScalarType>(desc.inputs[i].dtype)), desc.inputs[i].sizes});
+  for (size_t i = 0; i < desc.inputs.size(); ++i) {
+    const ElemType e = elem_of(static_cast<c10::ScalarType>(desc.inputs[i].dtype));
+    const shlo::Shape& sizes = desc.inputs[i].sizes;
+    if (input_dims && (*input_dims)[i] != sizes) vals[static_cast<int64_t>(i)] = b.reshape(b.arg(Type{e, (*input_dims)[i]}), sizes);
+    else vals[static_cast<int64_t>(i)] = b.arg(Type{e, sizes});
+  }
   for (size_t node_index = 0; node_index < desc.nodes.size(); ++node_index) lower_node(b, desc, node_index, vals, checks);
-  return b.module(graph_results(b, desc, vals, out_numel));
+  return b.module(graph_results(b, desc, vals, out_numel, out_dims));
 }
 
 }  // namespace
 
 std::string graph_text(const GraphDesc& desc) {
   std::vector<int64_t> out_numel;
-  return graph_module(desc, out_numel);
+  std::vector<shlo::Shape> out_dims;
+  return graph_module(desc, out_numel, out_dims);
 }
 
 int64_t build_graph(const GraphDesc& desc) {
   auto g = std::make_shared<Graph>();
   g->desc = desc;
-  std::string mlir = graph_module(desc, g->out_numel, &g->checks);
+  std::string mlir = graph_module(desc, g->out_numel, g->out_dims, &g->checks);
   std::string why = "new graph, inputs (";
   for (size_t i = 0; i < desc.inputs.size(); ++i) {
     why += (i ? ", " : "") + std::string(shlo::mlir_name(elem_of(static_cast<c10::ScalarType>(desc.inputs[i].dtype)))) + "[";
@@ -385,6 +401,8 @@ struct StagedInputs {
   std::vector<pjrt::BufferPtr> keep;
   std::vector<PJRT_Buffer*> args;
   std::vector<int64_t> non_donatable;
+  InputDims dims;             // of each argument buffer
+  bool logical_dims = true;   // every buffer has its input's logical shape
 };
 
 // The program's argument buffers: whole tpu storages as they are, strided views and dtype
@@ -403,6 +421,7 @@ StagedInputs stage_inputs(const GraphDesc& d, const std::vector<at::Tensor>& inp
       at::Tensor h = t.to(scalar_of(e)).contiguous();
       in.keep.push_back(ctx.client().from_host(h.data_ptr(), pjrt_of(e), h.sizes().vec(), ctx.device(device)));
       in.args.push_back(in.keep.back()->raw());
+      in.dims.push_back(h.sizes().vec());
       in.non_donatable.push_back(static_cast<int64_t>(i));
       continue;
     }
@@ -424,6 +443,8 @@ StagedInputs stage_inputs(const GraphDesc& d, const std::vector<at::Tensor>& inp
       if (s == st) in.non_donatable.push_back(static_cast<int64_t>(i));
     storages.push_back(st);
     in.args.push_back(st->buffer->raw());
+    in.dims.emplace_back(st->dims.begin(), st->dims.end());
+    if (in.dims.back() != d.inputs[i].sizes) in.logical_dims = false;
   }
   // Inputs that are not mutated must never be donated.
   for (size_t i = 0; i < inputs.size(); ++i) {
@@ -432,6 +453,22 @@ StagedInputs stage_inputs(const GraphDesc& d, const std::vector<at::Tensor>& inp
     if (!mutated) in.non_donatable.push_back(static_cast<int64_t>(i));
   }
   return in;
+}
+
+// The graph's program for inputs that arrive in buffers of other dims (`dims`, per input).
+pjrt::ExecutablePtr graph_variant(Graph& g, const InputDims& dims) {
+  std::lock_guard<std::mutex> lock(g.variants_mu);
+  if (auto it = g.variants.find(dims); it != g.variants.end()) return it->second;
+  std::vector<int64_t> out_numel;
+  std::vector<shlo::Shape> out_dims;
+  std::vector<runtime::CheckSource> checks;  // the same checks as g.checks: the same status result
+  std::string mlir = graph_module(g.desc, out_numel, out_dims, &checks, &dims);
+  auto exe = runtime::CompileCache::get().get_or_compile(mlir, "graph " + g.desc.name,
+                                                         "input storages hold other dims (views of other shapes)",
+                                                         g.desc.compile_options);
+  if (g.variants.size() >= 16) g.variants.clear();  // bounded; a dropped variant is rebuilt
+  g.variants.emplace(dims, exe);
+  return exe;
 }
 
 // The graph outputs as tensors of their FX strides, holding the result buffers.
@@ -446,8 +483,7 @@ std::vector<at::Tensor> output_tensors(const Graph& g, const std::vector<pjrt::B
     if (g.out_numel[i] > 0) {
       runtime::StorageState& s = state_of(o);
       std::lock_guard<std::mutex> lock(s.mu);
-      s.buffer = results[i];
-      s.elem = elem_of(st);
+      s.hold(results[i], elem_of(st), g.out_dims[i]);
     }
     outs.push_back(o);
   }
@@ -469,8 +505,7 @@ void write_back_mutations(const GraphDesc& d, const std::vector<at::Tensor>& inp
                    static_cast<size_t>(t.numel()) * t.itemsize() == s.nbytes;
       if (whole) {
         std::lock_guard<std::mutex> lock(s.mu);
-        s.buffer = buf;
-        s.elem = e;
+        s.hold(buf, e, t.sizes());
         continue;
       }
     }
@@ -478,8 +513,7 @@ void write_back_mutations(const GraphDesc& d, const std::vector<at::Tensor>& inp
     at::Tensor tmp = at::empty(t.sizes(), t.options().device(c10::Device(kTpu, device))
                                               .memory_format(c10::MemoryFormat::Contiguous));
     runtime::StorageState& ts = state_of(tmp);
-    ts.buffer = buf;
-    ts.elem = e;
+    ts.hold(buf, e, t.sizes());
     copy_into(t, tmp);
     fused_flush(runtime::FlushReason::CompiledGraph);
   }
@@ -511,7 +545,8 @@ std::vector<at::Tensor> run_graph(int64_t id, at::TensorList given) {
     check.emplace(device);
     in.args.push_back(check->status_arg());
   }
-  auto results = runtime::Executor::get().launch(*g->exe, device, in.args, in.non_donatable, "graph " + d.name);
+  const pjrt::ExecutablePtr exe = in.logical_dims ? g->exe : graph_variant(*g, in.dims);
+  auto results = runtime::Executor::get().launch(*exe, device, in.args, in.non_donatable, "graph " + d.name);
   if (check) check->done(results.back(), std::move(sources));
   std::vector<at::Tensor> outs = output_tensors(*g, results, device);
   write_back_mutations(d, inputs, results, device);

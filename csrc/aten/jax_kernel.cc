@@ -11,6 +11,8 @@
 #include <ATen/ops/empty.h>
 
 #include <mutex>
+#include <tuple>
+#include <vector>
 
 #include "common.h"
 #include "plan_call.h"
@@ -47,9 +49,20 @@ void move_buffer(const at::Tensor& src, const at::Tensor& dst) {
   TORCH_CHECK(&s != &d && s.nbytes == d.nbytes, "_move_buffer: needs two storages of the same size");
   fused_flush();
   std::scoped_lock lock(s.mu, d.mu);
-  d.buffer = std::move(s.buffer);
-  d.elem = s.elem;
+  d.hold(std::move(s.buffer), s.elem, s.dims);
   s.buffer.reset();
+}
+
+// Tests: the dims of the tensor's storage buffer (runtime/storage.h), as PJRT reports them,
+// after checking that they are the dims the storage records; (False, []) without a buffer.
+std::tuple<bool, std::vector<int64_t>> storage_dims(const at::Tensor& t) {
+  TORCH_CHECK(t.device().type() == kTpu, "_storage_dims: expected a tpu tensor, got ", t.device());
+  fused_flush();  // the storage's pending value becomes its buffer
+  runtime::StorageState& st = state_of(t);
+  std::lock_guard<std::mutex> lock(st.mu);
+  if (!st.buffer) return {false, {}};
+  st.check_dims();
+  return {true, st.buffer->dims()};
 }
 
 }  // namespace
@@ -59,6 +72,7 @@ TORCH_LIBRARY_FRAGMENT(torch_tpu, m) {
   m.def("jax_call_out(Tensor[] args, str kernel, Tensor(a!)[] out) -> ()");
   m.def("_release_buffer(Tensor(a!) t) -> ()");
   m.def("_move_buffer(Tensor(a!) src, Tensor(b!) dst) -> ()");
+  m.def("_storage_dims(Tensor t) -> (bool, int[])");
 }
 
 TORCH_LIBRARY_IMPL(torch_tpu, Meta, m) {
@@ -68,6 +82,7 @@ TORCH_LIBRARY_IMPL(torch_tpu, Meta, m) {
 TORCH_LIBRARY_IMPL(torch_tpu, PrivateUse1, m) {
   m.impl("_release_buffer", release_buffer);
   m.impl("_move_buffer", move_buffer);
+  m.impl("_storage_dims", storage_dims);
 }
 
 }  // namespace tpu::aten

@@ -210,18 +210,17 @@ void resize_storage_bytes(const c10::Storage& storage, size_t newsize) {
   c10::DataPtr fresh = TpuAllocator::get().allocate(newsize);
   auto* st = static_cast<runtime::StorageState*>(fresh.get_context());
   if (old.buffer) {
-    // Keep the old bytes: pad (or cut) the flat buffer to the new length, on the device.
+    // Keep the old bytes: pad (or cut) the flat elements to the new length, on the device.
     int64_t w = old.elem == ElemType::Pred ? 1 : shlo::bit_width(old.elem) / 8;
     int64_t on = static_cast<int64_t>(old.nbytes) / w, nn = static_cast<int64_t>(newsize) / w;
     if (static_cast<int64_t>(newsize) % w == 0) {
       shlo::Builder b;
-      shlo::Value x = b.arg(shlo::Type{old.elem, {on}});
+      shlo::Value x = b.reshape(b.arg(shlo::Type{old.elem, shlo::Shape(old.dims.begin(), old.dims.end())}), {on});
       shlo::Value y = nn >= on ? b.pad(x, b.zeros(shlo::Type{old.elem, {}}), {0}, {nn - on})
                                : b.slice(x, {0}, {nn});
       auto exe = runtime::CompileCache::get().get_or_compile(b.module({y}), "resize_", "resize");
       auto outs = runtime::Executor::get().launch(*exe, old.device, {old.buffer->raw()}, {}, "resize_");
-      st->buffer = outs[0];
-      st->elem = old.elem;
+      st->hold(outs[0], old.elem, {nn});
     } else {
       TORCH_CHECK(false, "torch_tpu: cannot resize a storage to a size that is not a multiple of "
                   "its element size");

@@ -54,15 +54,14 @@ void retype_storage(StorageState& st, ElemType to) {
     throw lowering::Unsupported("tensor dtype differs in width from its storage's element type");
   int64_t n_from = static_cast<int64_t>(st.nbytes) / fb, n_to = static_cast<int64_t>(st.nbytes) / tb;
   shlo::Builder b;
-  Value x = b.arg(Type{from, {n_from}});
+  Value x = b.reshape(b.arg(Type{from, shlo::Shape(st.dims.begin(), st.dims.end())}), {n_from});
   Value y = fb < tb   ? b.bitcast(b.reshape(x, {n_to, tb / fb}), Type{to, {n_to}})
             : fb > tb ? b.reshape(b.bitcast(x, Type{to, {n_from, fb / tb}}), {n_to})
                       : b.bitcast(x, Type{to, {n_to}});
   auto exe = runtime::CompileCache::get().get_or_compile(b.module({y}), "retype storage",
                                                          std::string("storage bytes read as ") + shlo::mlir_name(to));
   auto outs = runtime::Executor::get().launch(*exe, st.device, {st.buffer->raw()}, {}, "retype storage");
-  st.buffer = outs[0];
-  st.elem = to;
+  st.hold(outs[0], to, {n_to});
 }
 
 bool same_width(ElemType a, ElemType b) {
@@ -74,7 +73,7 @@ bool same_width(ElemType a, ElemType b) {
 // it came from (PlannedCall), so the dispatch cache can bind the plan to later calls.
 class Planner {
  public:
-  Planner(Plan& p, runtime::Call& c, PlannedCall* rec, bool flatten) : p_(p), c_(c), rec_(rec), flatten_(flatten) {}
+  Planner(Plan& p, runtime::Call& c, PlannedCall* rec) : p_(p), c_(c), rec_(rec) {}
 
   int device() const { return device_; }
 
@@ -96,10 +95,6 @@ class Planner {
     r.view.sizes = t.sizes().vec();
     r.view.strides = t.strides().vec();
     r.view.offset = t.storage_offset();
-    if (flatten_ && t.dim() > 0) {
-      r.view.sizes = {t.numel()};
-      r.view.strides = {1};
-    }
     r.logical = r.view.sizes;
     runtime::key_tensor(p_.key, r, p_.slots[r.slot]);
     return r;
@@ -148,6 +143,9 @@ class Planner {
       s.elem = e;
     }
     s.numel = static_cast<int64_t>(st->nbytes) / elem_bytes(s.elem);
+    // Its buffer's dims (a storage without one gets zeros of [numel], runtime::ensure_buffer).
+    if (st->buffer) s.dims.assign(st->dims.begin(), st->dims.end());
+    else s.dims = {s.numel};
     p_.slots.push_back(s);
     c_.st.push_back(st);
     if (rec_) rec_->slot_src.push_back(src);
@@ -166,7 +164,6 @@ class Planner {
   Plan& p_;
   runtime::Call& c_;
   PlannedCall* rec_;
-  bool flatten_;
   int device_ = -1;
 };
 
@@ -192,29 +189,6 @@ std::vector<int64_t> int_list(const c10::IValue& v) {
 
 bool is_host_scalar_tensor(const at::Tensor& t) {
   return t.device().is_cpu() && t.dim() == 0;
-}
-
-// Pointwise ops over contiguous same-shaped operands are flattened: one program per element
-// count. Fused programs keep logical shapes: XLA fuses better without 1-D reshapes between ops.
-bool flattenable(const lowering::OpEntry& entry, const std::vector<NamedArg>& args,
-                 const std::vector<at::Tensor>& outs) {
-  bool flatten = entry.elementwise && runtime::Context::get().mode() != runtime::EagerMode::DeferAndFuse;
-  if (flatten) {
-    c10::IntArrayRef shape;
-    bool have = false;
-    auto check = [&](const at::Tensor& t) {
-      if (!t.defined() || t.dim() == 0) return;
-      if (!t.is_contiguous()) { flatten = false; return; }
-      if (!have) { shape = t.sizes(); have = true; }
-      else if (t.sizes() != shape) flatten = false;
-    };
-    for (const auto& a : args) {
-      if (a.value.isTensor()) check(a.value.toTensor());
-      else if (a.value.isTensorList()) flatten = false;
-    }
-    for (const auto& o : outs) check(o);
-  }
-  return flatten;
 }
 
 // What a call's program text depends on beyond its key's structure, learned by emitting the op
@@ -452,9 +426,11 @@ void plan_outputs(Planner& pl, Plan& plan, const std::vector<at::Tensor>& outs, 
     TensorRef r = pl.ref(o, CallSource{static_cast<int16_t>(i), -1, true});
     Slot& s = plan.slots[r.slot];
     s.written = true;
-    if (!r.view.covers(s.numel)) s.read = true;
+    if (!r.view.covers(s.numel) && !r.view.permuted_whole(s.numel)) s.read = true;  // a partial write
     out_refs.push_back(r);
   }
+  for (size_t i = 0; i < plan.slots.size(); ++i)
+    if (plan.slots[i].written) runtime::plan_out_dims(plan.slots[i], out_refs, static_cast<int>(i));
   plan.key += "|c";
   plan.key += std::to_string(static_cast<int>(common));
   // Input slots are read.
@@ -466,6 +442,7 @@ void plan_outputs(Planner& pl, Plan& plan, const std::vector<at::Tensor>& outs, 
     if (s.read) s.arg = nargs++;
     plan.key += s.read ? 'r' : '-';
     plan.key += s.written ? 'w' : '-';
+    if (s.read) runtime::key_dims(plan.key, s.dims);  // the parameter's type
   }
 
 }
@@ -486,7 +463,10 @@ void materialize(const at::Tensor& t) {
   fused_flush();
   StorageState& st = state_of(t);
   ElemType e = elem_of(t.scalar_type());
-  runtime::ensure_buffer(st, e, static_cast<int64_t>(st.nbytes) / elem_bytes(e));
+  const int64_t n = static_cast<int64_t>(st.nbytes) / elem_bytes(e);
+  // A whole contiguous tensor gets zeros of its shape (runtime/storage.h), anything else [n].
+  const bool whole = t.is_contiguous() && t.storage_offset() == 0 && t.numel() == n;
+  runtime::ensure_buffer(st, e, whole ? t.sizes().vec() : shlo::Shape{n});
 }
 
 void run_lowering(const std::string& name, const std::string& overload,
@@ -494,7 +474,6 @@ void run_lowering(const std::string& name, const std::string& overload,
                   const std::vector<at::Tensor>& outs, c10::ScalarType common, PlannedCall* record) {
   // TensorIterator's memory-overlap rule for pointwise ops (OpEntry::writes_may_overlap).
   if (entry.elementwise && !entry.writes_may_overlap) check_call_overlap(args, outs);
-  const bool flatten = flattenable(entry, args, outs);
   auto plan_ptr = std::make_shared<Plan>();
   Plan& plan = *plan_ptr;
   plan.entry = &entry;
@@ -503,17 +482,16 @@ void run_lowering(const std::string& name, const std::string& overload,
   plan.overload = overload;
   plan.what = "aten::" + name + (overload.empty() ? "" : "." + overload);
   plan.common = elem_of(common);
-  plan.flattened = flatten;
   plan.precision = matmul_precision();
   plan.key.reserve(256);
   plan.key += name;
   plan.key += '.';
   plan.key += overload;
-  plan.key += flatten ? "|F" : "|";
+  plan.key += '|';
   plan.key += static_cast<char>('0' + static_cast<int>(plan.precision));
   plan.key += '|';
   runtime::Call call;
-  Planner pl(plan, call, record, flatten);
+  Planner pl(plan, call, record);
 
   // Random ops without a Generator argument (native_dropout) still draw from the device's.
   const int64_t counters = rng_counters(entry, args, outs);
@@ -536,7 +514,7 @@ void run_lowering(const std::string& name, const std::string& overload,
   call.device = std::max(pl.device(), 0);
   call.plan = plan_ptr;
   runtime::ProgramPtr program;
-  execute_call(call, &program, [&] { return compile_reason(plan.what, all_args, outs, flatten); });
+  execute_call(call, &program, [&] { return compile_reason(plan.what, all_args, outs); });
   if (record) {
     record->plan = std::move(plan_ptr);
     record->program = std::move(program);

@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <optional>
+#include <stdexcept>
 #include <iterator>
 #include <unordered_map>
 #include <utility>
@@ -130,13 +131,14 @@ bool Executor::idle() {
 
 namespace tpu::runtime {
 
-void ensure_buffer(StorageState& st, shlo::ElemType elem, int64_t numel) {
+void ensure_buffer(StorageState& st, shlo::ElemType elem, const shlo::Shape& dims) {
   std::lock_guard<std::mutex> lock(st.mu);
   if (st.buffer) return;
+  int64_t numel = 1;
+  for (int64_t d : dims) numel *= d;
   std::vector<unsigned char> zeros(static_cast<size_t>(numel * elem_bytes(elem)), 0);
   auto& ctx = Context::get();
-  st.buffer = ctx.client().from_host(zeros.data(), pjrt_of(elem), {numel}, ctx.device(st.device));
-  st.elem = elem;
+  st.hold(ctx.client().from_host(zeros.data(), pjrt_of(elem), dims, ctx.device(st.device)), elem, dims);
 }
 
 namespace {
@@ -187,7 +189,7 @@ pjrt::BufferPtr upload_host(const HostOperand& h, int device) {
 void run_strict(const Call& call, ProgramPtr* program, const MissReason& miss_reason) {
   const Plan& plan = *call.plan;
   for (size_t i = 0; i < plan.slots.size(); ++i)
-    if (plan.slots[i].read && !call.st[i]->buffer) ensure_buffer(*call.st[i], plan.slots[i].elem, plan.slots[i].numel);
+    if (plan.slots[i].read && !call.st[i]->buffer) ensure_buffer(*call.st[i], plan.slots[i].elem, plan.slots[i].dims);
   bool checked = plan.checked && device_checks();  // one more result: the error status
   if (!*program) {
     auto& cache = CompileCache::get();
@@ -203,8 +205,13 @@ void run_strict(const Call& call, ProgramPtr* program, const MissReason& miss_re
   c10::SmallVector<pjrt::BufferPtr, 3> keep;  // host operand buffers live until the launch is queued
   std::vector<PJRT_Buffer*> args;
   args.reserve(plan.slots.size() + call.host.size());
-  for (size_t i = 0; i < plan.slots.size(); ++i)
-    if (plan.slots[i].read) args.push_back(call.st[i]->buffer->raw());
+  for (size_t i = 0; i < plan.slots.size(); ++i) {
+    if (!plan.slots[i].read) continue;
+    if (StorageState::check_dims_enabled() && !std::equal(call.st[i]->dims.begin(), call.st[i]->dims.end(),
+                                                          plan.slots[i].dims.begin(), plan.slots[i].dims.end()))
+      throw std::logic_error("torch_tpu: " + plan.what + " planned a parameter of other dims than its storage's");
+    args.push_back(call.st[i]->buffer->raw());
+  }
   for (const HostOperand& h : call.host) {
     keep.push_back(upload_host(h, call.device));
     args.push_back(keep.back()->raw());
@@ -220,11 +227,11 @@ void run_strict(const Call& call, ProgramPtr* program, const MissReason& miss_re
   if (check) check->done(results.back(), std::move(sources));
   size_t ri = 0;
   for (size_t i = 0; i < plan.slots.size(); ++i) {
-    if (!plan.slots[i].written) continue;
+    const Slot& s = plan.slots[i];
+    if (!s.written) continue;
     StorageState* st = call.st[i];
     std::lock_guard<std::mutex> lock(st->mu);
-    st->buffer = std::move(results[ri++]);
-    st->elem = plan.slots[i].elem;
+    st->hold(std::move(results[ri++]), s.elem, s.out_dims);
   }
   dispatch_stats().ops++;
   if (check) check->raise_if_due();  // debug eager: the op itself raises
@@ -240,7 +247,7 @@ void run_strict(const Call& call, ProgramPtr* program, const MissReason& miss_re
 struct TraceArg {  // a pending storage the trace reads before writing it: a program argument
   int id;
   shlo::ElemType elem;
-  int64_t numel;
+  Dims dims;  // its buffer's
 };
 
 struct RecordedOp {
@@ -252,6 +259,7 @@ struct PendingStorage {  // one storage the pending program touches, by pending 
   StorageState* st;      // null once it died: its pending value is no longer a result
   shlo::ElemType elem;   // element type of its pending value
   bool written;
+  Dims dims;             // shape of its pending value (runtime/storage.h)
   // Read before any write while it had no buffer (never written: reads as zeros). The program
   // makes the zeros itself, elements of `elem` (then the read type): no host upload, no argument.
   int64_t zeros = -1;
@@ -358,7 +366,7 @@ std::string build_trace(const Pending& p, const std::vector<int>& targets) {
         value_of[id] = b.zeros(Type{plan.slots[i].elem, {p.storages[id].zeros}});
       } else if (value_of[id].id < 0) {
         const TraceArg& a = p.args[next_storage_arg++];
-        value_of[id] = b.arg(Type{a.elem, {a.numel}});
+        value_of[id] = b.arg(Type{a.elem, shlo::Shape(a.dims.begin(), a.dims.end())});
         arg_index[id] = b.num_args() - 1;
       }
       cur[i] = value_of[id];
@@ -372,7 +380,9 @@ std::string build_trace(const Pending& p, const std::vector<int>& targets) {
   std::vector<Value> results;
   for (int id : targets) {
     if (arg_index[id] >= 0) b.alias(arg_index[id], static_cast<int>(results.size()));
-    results.push_back(value_of[id]);
+    const Dims& d = p.storages[id].dims;  // what fused_record says the storage will hold
+    const shlo::Shape dims(d.begin(), d.end());
+    results.push_back(value_of[id].shape() == dims ? value_of[id] : b.reshape(value_of[id], dims));
   }
   if (!p.checks.empty()) {  // the device's status: last argument, donated to the last result
     Value status = b.arg(Type{shlo::ElemType::S32, {2}});
@@ -437,17 +447,17 @@ void flush_locked(Pending& p, FlushReason why) {
   for (size_t i = 0; i < p.targets.size(); ++i) {
     const PendingStorage& ps = p.storages[p.targets[i]];
     std::lock_guard<std::mutex> lock(ps.st->mu);
-    ps.st->buffer = std::move(outs[i]);
-    ps.st->elem = ps.elem;
+    ps.st->hold(std::move(outs[i]), ps.elem, ps.dims);
   }
   if (check) check->raise_if_due();
 }
 
 // The trace key, appended per op as words (exact: a plan id fixes the op's slot count, and a
-// slot's tag says whether a numel word follows): plan id * 2 + checked; per slot its pending id,
-// a tag 'A' (read before any pending write: a program argument; then the element type, and the
-// element count as one more word), 'Z' (the same, for a storage never written: zeros made in the
-// program), 'W' (first touched by a write) or '-' (seen before).
+// slot's tag says which words follow): plan id * 2 + checked; per slot its pending id, a tag 'A'
+// (read before any pending write: a program argument; then the element type, and its buffer's
+// rank and dims as more words), 'Z' (a storage never written: zeros made in the program; the
+// element type, then the element count as one more word), 'W' (first touched by a write) or '-'
+// (seen before).
 uint64_t slot_word(int id, char tag, shlo::ElemType elem = shlo::ElemType::U8) {
   return (static_cast<uint64_t>(static_cast<uint32_t>(id)) << 16) | (static_cast<uint64_t>(tag) << 8) |
          static_cast<uint64_t>(elem);
@@ -477,21 +487,23 @@ void fused_record(const Call& call) {
     if (fresh) {
       st->fused_epoch = epoch;
       st->fused_id = static_cast<int>(p.storages.size());
-      p.storages.push_back({st, s.elem, false});
+      p.storages.push_back({st, s.elem, false, {}});
     }
     const int id = st->fused_id;
     p.slot_ids.push_back(id);
     if (fresh && s.read && !st->buffer) {  // never written: zeros made by the program
       const int64_t n = static_cast<int64_t>(st->nbytes) / elem_bytes(s.elem);
       p.storages[id].zeros = n;
+      p.storages[id].dims.assign(1, n);
       p.key.push_back(slot_word(id, 'Z', s.elem));
       p.key.push_back(static_cast<uint64_t>(n));
     } else if (fresh && s.read) {  // read before any pending value: its current buffer is an argument
-      int64_t n = static_cast<int64_t>(st->nbytes) / elem_bytes(st->elem);
-      p.args.push_back({id, st->elem, n});
+      p.args.push_back({id, st->elem, st->dims});
+      p.storages[id].dims = st->dims;
       p.arg_bufs.push_back(st->buffer);
       p.key.push_back(slot_word(id, 'A', st->elem));
-      p.key.push_back(static_cast<uint64_t>(n));
+      p.key.push_back(st->dims.size());
+      for (int64_t d : st->dims) p.key.push_back(static_cast<uint64_t>(d));
     } else {
       p.key.push_back(slot_word(id, fresh ? 'W' : '-'));
     }
@@ -501,6 +513,8 @@ void fused_record(const Call& call) {
     if (!plan.slots[i].written) continue;
     PendingStorage& ps = p.storages[p.slot_ids[first_id + i]];
     ps.elem = plan.slots[i].elem;
+    // A whole write gives the view's shape; a partial one (always after a read) keeps the dims.
+    if (plan.slots[i].whole_write) ps.dims.assign(plan.slots[i].out_dims.begin(), plan.slots[i].out_dims.end());
     if (!ps.written) {
       ps.written = true;
       p.written.push_back(p.slot_ids[first_id + i]);

@@ -73,9 +73,9 @@ std::vector<int64_t> fused_flush_counts();  // indexed by FlushReason
 void fused_flush(FlushReason why = FlushReason::Other);
 void fused_forget(StorageState* st);
 
-// Gives a storage that was never written a zero buffer of `numel` x `elem` (PyTorch's fresh
+// Gives a storage that was never written a zero buffer of `dims` x `elem` (PyTorch's fresh
 // memory is uninitialized; zeros make reads deterministic). No-op when it has a buffer.
-void ensure_buffer(StorageState& st, shlo::ElemType elem, int64_t numel);
+void ensure_buffer(StorageState& st, shlo::ElemType elem, const shlo::Shape& dims);
 
 // The floor under strict eager: microseconds per PJRT_LoadedExecutable_Execute + await of a
 // cached 4-element f32 add, measured by a C++ loop over csrc/pjrt (no Python, no dispatch).

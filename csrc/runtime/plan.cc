@@ -47,6 +47,27 @@ void key_tensor(std::string& k, const TensorRef& r, const Slot& s) {
   k += ';';
 }
 
+void key_dims(std::string& k, const shlo::Shape& dims) {
+  k += '<';
+  for (int64_t d : dims) { k += std::to_string(d); k += ','; }
+  k += '>';
+}
+
+void plan_out_dims(Slot& s, const std::vector<TensorRef>& outs, int slot) {
+  s.out_dims = s.dims;
+  s.whole_write = false;
+  for (const TensorRef& r : outs) {
+    if (r.slot != slot) continue;
+    if (r.view.covers(s.numel)) {
+      s.out_dims = r.view.sizes;
+      s.whole_write = true;
+    } else if (auto dims = r.view.permuted_whole(s.numel)) {
+      s.out_dims = std::move(*dims);
+      s.whole_write = true;
+    }
+  }
+}
+
 namespace {
 int64_t numel_of(const std::vector<int64_t>& sizes) {
   int64_t n = 1;
@@ -116,7 +137,7 @@ void emit_op(shlo::Builder& b, std::vector<Value>& cur, const std::vector<Value>
 std::vector<Value> emit_strict_body(shlo::Builder& b, const Plan& plan) {
   std::vector<Value> cur(plan.slots.size());
   for (size_t i = 0; i < plan.slots.size(); ++i)
-    if (plan.slots[i].read) cur[i] = b.arg(Type{plan.slots[i].elem, {plan.slots[i].numel}});
+    if (plan.slots[i].read) cur[i] = b.arg(Type{plan.slots[i].elem, plan.slots[i].dims});
   std::vector<Value> host_vals;
   for (const HostOperand& h : plan.host) host_vals.push_back(b.arg(Type{h.elem, h.dims()}));
   emit_op(b, cur, host_vals, plan);
@@ -128,9 +149,11 @@ std::string build_program(const Plan& plan) {
   std::vector<Value> cur = emit_strict_body(b, plan);
   std::vector<Value> results;
   for (size_t i = 0; i < plan.slots.size(); ++i) {
-    if (!plan.slots[i].written) continue;
-    if (plan.slots[i].read) b.alias(plan.slots[i].arg, static_cast<int>(results.size()));
-    results.push_back(cur[i]);
+    const Slot& s = plan.slots[i];
+    if (!s.written) continue;
+    // Equal dims in and out (an in-place op): XLA updates the donated buffer in place.
+    if (s.read) b.alias(s.arg, static_cast<int>(results.size()));
+    results.push_back(cur[i].shape() == s.out_dims ? cur[i] : b.reshape(cur[i], s.out_dims));
   }
   if (plan.checked && device_checks()) {  // the device's status: last argument, donated to the last result
     Value status = b.arg(Type{shlo::ElemType::S32, {2}});

@@ -36,9 +36,12 @@ inline int64_t elem_bytes(shlo::ElemType t) {
 struct Slot {
   bool read = false;
   bool written = false;
+  bool whole_write = false;  // some output writes every element: the storage takes its shape
   int64_t numel = 0;
   shlo::ElemType elem = shlo::ElemType::U8;
   int arg = -1;
+  shlo::Shape dims;      // the storage's dims when planned (its parameter's shape when read)
+  shlo::Shape out_dims;  // its dims after the op (when written; runtime/storage.h)
 };
 
 // A value the host passes to the program each launch: part of the arguments, never of the text.
@@ -54,7 +57,7 @@ struct HostOperand {
 struct TensorRef {
   int slot = -1;  // -1: an output the caller did not ask for
   ViewDesc view;
-  std::vector<int64_t> logical;  // shape the lowering sees (the view's, or [numel] if flattened)
+  std::vector<int64_t> logical;  // shape the lowering sees (the view's)
 };
 
 // How one lowering argument is fed: tensors from views or host operands, scalars from host
@@ -77,7 +80,6 @@ struct Plan {
   std::string name, overload;  // base name and overload: the lowering's OpCall
   std::string what;            // "aten::name.overload", for logs and errors
   shlo::ElemType common = shlo::ElemType::F32;
-  bool flattened = false;  // pointwise over contiguous operands: keyed by element count
   shlo::Precision precision = shlo::Precision::Highest;  // of its contractions (part of the key)
   std::vector<Slot> slots;
   std::vector<HostOperand> host;  // types (values are the Call's)
@@ -109,6 +111,12 @@ using MissReason = std::function<std::string()>;
 
 // Key fragments, appended while planning.
 void key_tensor(std::string& key, const TensorRef& r, const Slot& s);
+void key_dims(std::string& key, const shlo::Shape& dims);
+
+// The dims a written slot holds after the op: the shape of its last output that covers it (in
+// memory order for a permuted one, ViewDesc::permuted_whole), else the dims it had (a partial
+// write keeps them). Call once the outputs are planned.
+void plan_out_dims(Slot& s, const std::vector<TensorRef>& outs, int slot);
 
 // Emits one op into `b`: reads its tensor arguments out of the storage values `cur`, runs the
 // lowering, and writes the results back into `cur`. Strict builds one op per program, fused

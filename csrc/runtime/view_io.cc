@@ -101,11 +101,23 @@ bool ViewDesc::covers(int64_t storage_numel) const {
   return true;
 }
 
+std::optional<std::vector<int64_t>> ViewDesc::permuted_whole(int64_t storage_numel) const {
+  if (offset != 0 || storage_numel == 0 || numel() != storage_numel) return std::nullopt;
+  Layout l = analyze(*this);
+  if (!l.dense || l.has_broadcast || l.span != storage_numel) return std::nullopt;
+  std::vector<int64_t> dims;
+  for (int64_t d : l.ord) dims.push_back(sizes[d]);
+  return dims;
+}
+
 Value read_view(Builder& b, Value storage, const ViewDesc& v) {
   storage = as_elem(b, storage, v.elem);
-  int64_t n = storage.shape()[0];
+  const int64_t n = storage.type.numel();
   if (v.numel() == 0) return b.zeros(Type{v.elem, v.sizes});
+  // The storage's own shape (runtime/storage.h): the parameter itself, no reshape.
+  if (storage.shape() == v.sizes && v.covers(n)) return storage;
   if (v.covers(n)) return b.reshape(storage, v.sizes);
+  if (storage.shape().size() != 1) storage = b.reshape(storage, {n});  // a bitcast: flat addressing
   Layout l = analyze(v);
   Shape real_sizes;
   for (int64_t d : l.ord) real_sizes.push_back(v.sizes[d]);
@@ -156,12 +168,9 @@ Value read_view(Builder& b, Value storage, const ViewDesc& v) {
   return b.gather(storage, idx, {}, {0}, {0}, static_cast<int64_t>(v.sizes.size()), {1}, v.sizes);
 }
 
-Value write_view(Builder& b, Value storage, Value value, const ViewDesc& v, int64_t n,
-                 ElemType storage_elem) {
-  value = as_elem(b, value, storage_elem);
-  if (v.covers(n)) return b.reshape(value, {n});
-  if (storage.id < 0) throw std::logic_error("write_view: partial write needs the old storage");
-  if (v.numel() == 0) return storage;
+namespace {
+// A write through `v` into the flat storage value [n] (dynamic-update-slice or scatter).
+Value write_flat(Builder& b, Value storage, Value value, const ViewDesc& v, int64_t n) {
   Layout l = analyze(v);
   if (l.dense && !l.has_broadcast) {
     Shape real_sizes;
@@ -181,5 +190,28 @@ Value write_view(Builder& b, Value storage, Value value, const ViewDesc& v, int6
   Value upd = b.reshape(value, {m});
   return b.scatter(storage, idx, upd, {}, {0}, {0}, 1, "");
 }
+
+}  // namespace
+
+Value write_view(Builder& b, Value storage, Value value, const ViewDesc& v, int64_t n,
+                 ElemType storage_elem) {
+  value = as_elem(b, value, storage_elem);
+  if (v.covers(n)) return value;  // the storage takes the view's shape (runtime/storage.h)
+  if (v.permuted_whole(n)) {  // every element, in another order: the storage takes memory order
+    Layout l = analyze(v);
+    Shape real_sizes;
+    for (int64_t d : l.real) real_sizes.push_back(v.sizes[d]);
+    std::vector<int64_t> to_ord;  // real order -> ord order
+    for (int64_t o : l.ord) to_ord.push_back(std::find(l.real.begin(), l.real.end(), o) - l.real.begin());
+    return b.transpose(b.reshape(value, real_sizes), to_ord);
+  }
+  if (storage.id < 0) throw std::logic_error("write_view: partial write needs the old storage");
+  if (v.numel() == 0) return storage;
+  // A partial write keeps the storage's dims: addressed flat, reshaped back (both bitcasts).
+  const Shape dims = storage.shape();
+  Value flat = write_flat(b, dims.size() == 1 ? storage : b.reshape(storage, {n}), value, v, n);
+  return dims.size() == 1 ? flat : b.reshape(flat, dims);
+}
+
 
 }  // namespace tpu::runtime
