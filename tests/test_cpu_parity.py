@@ -377,6 +377,8 @@ def test_qr_householder_like_cpu(no_fallback: None) -> None:
             other = c if left else c.mT
             torch.testing.assert_close(torch.ormqr(h, tau, other.to("tpu"), left, transpose).cpu(),
                                        torch.ormqr(h_c, tau_c, other, left, transpose))
+    with pytest.raises(RuntimeError, match=r"tau.shape\[-1\] must be equal to min\(other.shape\[-2\], input.shape\[-1\]\)"):
+        torch.ormqr(h[0], tau[0, :2], torch.randn(6, 3, device="tpu"))
     # A column in the span of others: the residual is rounding noise, so only R's leading rows
     # and the reconstruction are determined (Q's trailing columns follow the noise, on CPU too).
     dup = A[0].clone()

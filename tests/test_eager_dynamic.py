@@ -216,6 +216,10 @@ def test_fast_path_equals_python_path() -> None:
 
 
 def test_fast_path_follows_matmul_precision() -> None:
+    # Whether "medium" runs bf16 passes is the platform's choice (XLA:CPU does on AVX-512 machines
+    # and keeps float32 on AVX2 ones), so the bucketed fast path is held to what a plain strict
+    # matmul gives under the same precision (bf16 passes would differ by ~1e-2) and to its own
+    # plan per precision.
     torch.manual_seed(0)
     a, w = torch.randn(1, 20, 64), torch.randn(64, 64)
     ad, wd = _dyn(a), w.to(TPU)
@@ -227,11 +231,12 @@ def test_fast_path_follows_matmul_precision() -> None:
             eager_dynamic.reset_stats()
             for _ in range(3):
                 r = ad @ wd
-            errs.setdefault(p, []).append(float((r.cpu() - a @ w).abs().max()))
             assert eager_dynamic.stats()["fast_calls"] >= 2  # each precision has its own plan
+            torch.testing.assert_close(r.cpu(), (a.to(TPU) @ wd).cpu(), rtol=1e-5, atol=1e-5, msg=p)
+            errs.setdefault(p, []).append(float((r.cpu() - a @ w).abs().max()))
     finally:
         torch.set_float32_matmul_precision(prev)
-    assert max(errs["highest"]) < 1e-4 < min(errs["medium"]), errs  # medium: bf16 passes
+    assert max(errs["highest"]) < 1e-4, errs
 
 
 def test_cat_with_static_pieces_anywhere() -> None:

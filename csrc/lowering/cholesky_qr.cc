@@ -10,6 +10,7 @@
 // - linalg_householder_product (orgqr), ormqr, linalg_qr: products of those reflectors.
 // torch.cholesky (deprecated) raises on a non-positive-definite input: it runs as
 // linalg_cholesky_ex + _linalg_check_errors in csrc/aten/linalg_kernels.cc.
+#include <algorithm>
 #include <cstdint>
 #include <vector>
 
@@ -289,6 +290,13 @@ TPU_LOWER(ormqr) {
   Value other = b.convert(c.tensor("input3"), t);
   if (empty(o.shape)) return {b.zeros(Type{t, o.shape})};
   const bool left = c.bool_("left", true), transpose = c.bool_("transpose");
+  // CPU's kernel (not the meta function) requires tau.shape[-1] == min(other's reflected dim,
+  // input.shape[-1]) and that dim == input.shape[-2]: other calls go there to raise its error.
+  const Shape &as = a.shape(), &cs = other.shape();
+  if (as.size() < 2 || cs.size() < 2 || tau.rank() < 1) throw Unsupported("ormqr: CPU's argument checks");
+  const int64_t rows = cs[cs.size() - (left ? 2 : 1)];
+  if (rows != as[as.size() - 2] || tau.shape().back() != std::min(rows, as.back()))
+    throw Unsupported("ormqr: CPU's argument checks");
   Flat fa = flatten_batch(b, a), fc = flatten_batch(b, other);
   const int64_t B = fa.v.shape()[0];
   if (fc.v.shape()[0] != B) throw Unsupported("ormqr: batch shapes differ");

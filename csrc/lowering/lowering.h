@@ -99,8 +99,8 @@ struct NoDrawRule {
 // here, next to the lowering, instead of name checks in the kernel).
 struct OpEntry {
   LowerFn fn = nullptr;
-  // Pointwise over same-shaped inputs: the runtime may flatten contiguous operands to 1-D so
-  // one compiled program serves every shape with the same element count.
+  // Pointwise over same-shaped inputs (the overlap rule below applies to these). Programs keep
+  // their operands' logical shapes: storages hold their dims (runtime/storage.h).
   bool elementwise = false;
   // CPU's kernel lets the written tensor overlap itself or its inputs: its TensorIterator skips
   // the memory-overlap check (fill_, zero_, threshold_), or the kernel checks in its own way
