@@ -26,9 +26,10 @@ _CALL = re.compile(r'"stablehlo.custom_call"\((%v\d+), (%v\d+), (%v\d+)\).*call_
 def host() -> Iterator[None]:
     if torch_tpu.ops.host_kernels() != "on":
         pytest.skip("no host kernels here")  # test_ragged_dot.py::test_host_kernels_registered says why
+    torch_tpu.ops.host_kernels(True, kind="gemm")  # off by default (csrc/lowering/host_kernels.cc)
     yield
     torch_tpu.ops.host_kernels(True)
-    torch_tpu.ops.host_kernels(True, kind="gemm")
+    torch_tpu.ops.host_kernels(False, kind="gemm")
 
 
 @pytest.fixture

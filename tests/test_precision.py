@@ -106,8 +106,16 @@ def test_host_gemm_is_float32_at_every_precision(dump: Path) -> None:
     # On the CPU plugin a large float32 product is PyTorch's CPU GEMM (tests/test_host_gemm.py), which
     # has no reduced-precision passes: at "medium" it computes what "highest" asks (never less precise
     # than requested), its program carries no precision, and one program serves every setting.
-    if torch_tpu.ops.host_kernels(None, kind="gemm") != "on":
-        pytest.skip("no host GEMM here")
+    if torch_tpu.ops.host_kernels() != "on":
+        pytest.skip("no host kernels here")
+    torch_tpu.ops.host_kernels(True, kind="gemm")  # off by default (csrc/lowering/host_kernels.cc)
+    try:
+        _host_gemm_at_every_precision(dump)
+    finally:
+        torch_tpu.ops.host_kernels(False, kind="gemm")
+
+
+def _host_gemm_at_every_precision(dump: Path) -> None:
     torch.manual_seed(7)
     a, b = torch.randn(72, 100), torch.randn(100, 84)  # 604,800 multiply-adds: above the threshold
     with torch.tpu.precision("medium"):  # type: ignore[attr-defined]
