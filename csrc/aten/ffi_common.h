@@ -44,6 +44,23 @@ inline at::Tensor wrap(const xla::ffi::AnyBuffer& b) {
                        at::TensorOptions().dtype(scalar_type(b.element_type())));
 }
 
+// A symbol of the libraries torch loaded, looked up at run time (a torch without MKL or GNU OpenMP
+// still loads the host kernels). Extensions load RTLD_LOCAL, so look in the libraries that define
+// them: libtorch_cpu (MKL is linked into it) and the OpenMP runtime torch loaded.
+inline void* find_symbol(const char* name) {
+  if (void* p = dlsym(RTLD_DEFAULT, name)) return p;
+  Dl_info info;
+  for (const char* lib : {static_cast<const char*>(nullptr), "libgomp.so.1", "libiomp5.so", "libomp.so"}) {
+    if (!lib && !dladdr(reinterpret_cast<void*>(&at::get_num_threads), &info)) continue;
+    void* h = dlopen(lib ? lib : info.dli_fname, RTLD_LAZY | RTLD_NOLOAD);
+    if (!h) continue;
+    void* p = dlsym(h, name);
+    dlclose(h);
+    if (p) return p;
+  }
+  return nullptr;
+}
+
 // `n` threads for this thread's ATen GEMMs and convolutions during a scope: MKL's per-thread
 // setting and OpenMP's per-thread team size (oneDNN follows it); at::set_num_threads would change
 // MKL's process-wide setting and the intra-op pool. Looked up at run time (extensions load
@@ -73,24 +90,11 @@ class OmpThreads {
     void (*omp_set)(int) = nullptr;
     int (*omp_get)() = nullptr;
   };
-  static void* find(const char* name) {
-    if (void* p = dlsym(RTLD_DEFAULT, name)) return p;
-    Dl_info info;
-    for (const char* lib : {static_cast<const char*>(nullptr), "libgomp.so.1", "libiomp5.so", "libomp.so"}) {
-      if (!lib && !dladdr(reinterpret_cast<void*>(&at::get_num_threads), &info)) continue;
-      void* h = dlopen(lib ? lib : info.dli_fname, RTLD_LAZY | RTLD_NOLOAD);
-      if (!h) continue;
-      void* p = dlsym(h, name);
-      dlclose(h);
-      if (p) return p;
-    }
-    return nullptr;
-  }
   static Fns lookup() {
     Fns f;
-    f.mkl_local = reinterpret_cast<int (*)(int)>(find("MKL_Set_Num_Threads_Local"));
-    f.omp_set = reinterpret_cast<void (*)(int)>(find("omp_set_num_threads"));
-    f.omp_get = reinterpret_cast<int (*)()>(find("omp_get_max_threads"));
+    f.mkl_local = reinterpret_cast<int (*)(int)>(find_symbol("MKL_Set_Num_Threads_Local"));
+    f.omp_set = reinterpret_cast<void (*)(int)>(find_symbol("omp_set_num_threads"));
+    f.omp_get = reinterpret_cast<int (*)()>(find_symbol("omp_get_max_threads"));
     return f;
   }
   const Fns* fns_;

@@ -43,6 +43,7 @@ namespace tpu::aten {
 namespace {
 namespace ffi = xla::ffi;
 
+using ffi_buffers::find_symbol;
 using ffi_buffers::wrap;
 
 // Each group's end row, from the int32/int64 `groups` operand as the op passed it (no conversion
@@ -80,61 +81,6 @@ std::vector<int64_t> group_ends(const ffi::AnyBuffer& groups, bool sizes, int64_
 // time of the same tasks on the caller alone. So the caller times that wait: a wait longer than
 // two of its own tasks means the helper was descheduled, and the next calls run on the caller
 // alone (8, doubling to 256 while it recurs, halving back after calls without such a wait).
-
-// A symbol of the libraries torch loaded, looked up at run time (a torch without MKL or GNU OpenMP
-// still loads this file). Extensions load RTLD_LOCAL, so look in the libraries that define them:
-// libtorch_cpu (MKL is linked into it) and the OpenMP runtime torch loaded.
-void* find_symbol(const char* name) {
-  if (void* p = dlsym(RTLD_DEFAULT, name)) return p;
-  Dl_info info;
-  for (const char* lib : {static_cast<const char*>(nullptr), "libgomp.so.1", "libiomp5.so", "libomp.so"}) {
-    if (!lib && !dladdr(reinterpret_cast<void*>(&at::get_num_threads), &info)) continue;
-    void* h = dlopen(lib ? lib : info.dli_fname, RTLD_LAZY | RTLD_NOLOAD);
-    if (!h) continue;
-    void* p = dlsym(h, name);
-    dlclose(h);
-    if (p) return p;
-  }
-  return nullptr;
-}
-
-// Sequential GEMMs on this thread for a scope: MKL's per-thread setting and OpenMP's per-thread
-// team size (oneDNN's bf16/f16 GEMM follows it). Looked up at run time, so a torch without MKL or
-// GNU OpenMP still loads this file (the GEMMs then keep their own threading).
-class OneThreadGemms {
- public:
-  OneThreadGemms() {
-    static const Fns f = lookup();
-    fns_ = &f;
-    if (f.mkl_local) mkl_prev_ = f.mkl_local(1);
-    if (f.omp_set && f.omp_get) {
-      omp_prev_ = f.omp_get();
-      f.omp_set(1);
-    }
-  }
-  ~OneThreadGemms() {
-    if (fns_->mkl_local) fns_->mkl_local(mkl_prev_);
-    if (omp_prev_ > 0) fns_->omp_set(omp_prev_);
-  }
-  OneThreadGemms(const OneThreadGemms&) = delete;
-  OneThreadGemms& operator=(const OneThreadGemms&) = delete;
-
- private:
-  struct Fns {
-    int (*mkl_local)(int) = nullptr;
-    void (*omp_set)(int) = nullptr;
-    int (*omp_get)() = nullptr;
-  };
-  static Fns lookup() {
-    Fns f;
-    f.mkl_local = reinterpret_cast<int (*)(int)>(find_symbol("MKL_Set_Num_Threads_Local"));
-    f.omp_set = reinterpret_cast<void (*)(int)>(find_symbol("omp_set_num_threads"));
-    f.omp_get = reinterpret_cast<int (*)()>(find_symbol("omp_get_max_threads"));
-    return f;
-  }
-  const Fns* fns_;
-  int mkl_prev_ = 0, omp_prev_ = 0;
-};
 
 // ---- bfloat16/float16 GEMMs on CPUs without native support for them.
 //
@@ -219,7 +165,7 @@ struct TaskState {
 
   // Runs tasks until none is left; returns how many this thread ran.
   int64_t work() {
-    OneThreadGemms seq;
+    ffi_buffers::OmpThreads seq(1);  // sequential GEMMs on this thread
     int64_t ran = 0;
     for (int64_t t; (t = next.fetch_add(1)) < total; ++ran) {
       try {
