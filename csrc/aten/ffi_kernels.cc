@@ -4,9 +4,10 @@
 // The ragged dot at MoE decode sizes is bound by the GEMM, and XLA:CPU's dot is 2.7-5x slower
 // than oneDNN/MKL there (no XLA flag changes that; measured in benchmarks/bench_grouped_mm.py).
 // These handlers run inside the program, on the plugin's buffers, which are host memory: each
-// group's rows are multiplied by ATen's CPU GEMM (MKL/oneDNN, AMX for bf16; MKL's mixed GEMMs for
-// bf16/f16 on CPUs where ATen has no fast kernel for them) into its rows of the output, wrapped
-// with from_blob (no copy), split over threads without an OpenMP barrier (below). They read the
+// group's rows are multiplied into its rows of the output (no copy) by the BLAS sgemm ATen's mm
+// uses (float32, called directly), ATen's CPU GEMM (oneDNN, AMX for bf16) or MKL's mixed GEMMs
+// (bf16/f16 on CPUs where ATen has no fast kernel for them), split over threads without an OpenMP
+// barrier (below). They read the
 // group sizes / offsets from a device buffer that is ready when the call runs, so nothing syncs with the host and the op stays one node of whatever
 // program (strict, fused or compiled) contains it.
 //
@@ -94,12 +95,24 @@ std::vector<int64_t> group_ends(const ffi::AnyBuffer& groups, bool sizes, int64_
 // ATen's own kernels round their float32 accumulator.
 using MixedGemm = void (*)(int layout, int transa, int transb, int m, int n, int k, float alpha, const void* a,
                            int lda, const void* b, int ldb, float beta, float* c, int ldc);
+// The Fortran BLAS sgemm ATen's own float32 mm calls (MKL's in libtorch_cpu; column-major, LP64 ints).
+using Sgemm = void (*)(const char* transa, const char* transb, const int* m, const int* n, const int* k,
+                       const float* alpha, const float* a, const int* lda, const float* b, const int* ldb,
+                       const float* beta, float* c, const int* ldc);
+
+// TORCH_TPU_HOST_GEMM=aten: every group through ATen's mm (A/B of the direct BLAS calls, tests).
+bool aten_gemm_forced() {
+  static const bool forced = [] {
+    const char* env = std::getenv("TORCH_TPU_HOST_GEMM");
+    return env && std::string(env) == "aten";
+  }();
+  return forced;
+}
 
 // MKL's mixed GEMM for `t` when ATen's would be the scalar fallback on this CPU, else null.
 MixedGemm mixed_gemm(c10::ScalarType t) {
   static const auto pick = [](const char* sym, bool native) {
-    const char* env = std::getenv("TORCH_TPU_HOST_GEMM");  // "aten": always ATen's (A/B, tests)
-    if (native || (env && std::string(env) == "aten")) return MixedGemm{nullptr};
+    if (native || aten_gemm_forced()) return MixedGemm{nullptr};
     return reinterpret_cast<MixedGemm>(find_symbol(sym));
   };
   static const MixedGemm bf16 = pick("cblas_gemm_bf16bf16f32", __builtin_cpu_supports("avx512bw") &&
@@ -109,11 +122,23 @@ MixedGemm mixed_gemm(c10::ScalarType t) {
   return t == c10::kBFloat16 ? bf16 : t == c10::kHalf ? f16 : nullptr;
 }
 
-// A 2-D view as a BLAS operand: transposed or not, and its leading dimension; false when neither
-// dim is contiguous.
-bool blas_operand(const at::Tensor& t, int& trans, int& ld) {
-  constexpr int kNoTrans = 111, kTrans = 112;
-  const int64_t r = t.size(0), c = t.size(1), s0 = t.stride(0), s1 = t.stride(1);
+// float32 groups call sgemm directly: the same kernel ATen's mm reaches, without its per-call
+// dispatch, checks and output resizing, and with no tensor views made per group (null: ATen's mm).
+Sgemm direct_sgemm() {
+  static const Sgemm fn = aten_gemm_forced() ? nullptr : reinterpret_cast<Sgemm>(find_symbol("sgemm_"));
+  return fn;
+}
+
+constexpr int kNoTrans = 111, kTrans = 112, kRowMajor = 101;
+
+// A row-major operand: pointer, transposed (the storage holds op^T) or not, leading dimension.
+struct Operand {
+  const void* p;
+  int trans, ld;
+};
+
+// A 2-D [r, c] view with strides (s0, s1) as a BLAS operand; false when neither dim is contiguous.
+bool blas_operand(int64_t r, int64_t c, int64_t s0, int64_t s1, int& trans, int& ld) {
   if (s1 == 1 || c == 1) {
     const int64_t l = r == 1 ? c : s0;
     if (l >= std::max<int64_t>(c, 1)) return trans = kNoTrans, ld = static_cast<int>(l), true;
@@ -123,6 +148,10 @@ bool blas_operand(const at::Tensor& t, int& trans, int& ld) {
     if (l >= std::max<int64_t>(r, 1)) return trans = kTrans, ld = static_cast<int>(l), true;
   }
   return false;
+}
+
+bool blas_operand(const at::Tensor& t, int& trans, int& ld) {
+  return blas_operand(t.size(0), t.size(1), t.stride(0), t.stride(1), trans, ld);
 }
 
 // y = a x b with MKL's mixed GEMM `fn`; y, a, b are 2-D views in one reduced type.
@@ -138,19 +167,52 @@ void mixed_mm_out(MixedGemm fn, at::Tensor y, at::Tensor a, at::Tensor b) {
   if (!blas_operand(b, tb, ldb)) b = b.contiguous(), blas_operand(b, tb, ldb);
   thread_local std::vector<float> scratch;
   scratch.resize(static_cast<size_t>(m * n));
-  constexpr int kRowMajor = 101;
   fn(kRowMajor, ta, tb, static_cast<int>(m), static_cast<int>(n), static_cast<int>(k), 1.0f, a.data_ptr(), lda,
      b.data_ptr(), ldb, 0.0f, scratch.data(), static_cast<int>(n));
   y.copy_(at::from_blob(scratch.data(), {m, n}, at::TensorOptions().dtype(c10::kFloat)));
 }
 
-// One group's product into y: ATen's CPU GEMM, or MKL's mixed GEMM (`mixed` non-null).
+// Row-major y[m, n] (row stride ldy, unit column stride) = op(a)[m, k] x op(b)[k, n] in float32,
+// through the column-major sgemm as y^T = op(b)^T op(a)^T (same flags, operands swapped).
+void sgemm_rows(Sgemm fn, int64_t m, int64_t n, int64_t k, Operand a, Operand b, float* y, int64_t ldy) {
+  if (m == 0 || n == 0) return;
+  if (k == 0) {
+    for (int64_t i = 0; i < m; ++i) std::fill_n(y + i * ldy, n, 0.0f);
+    return;
+  }
+  const char ta = a.trans == kTrans ? 'T' : 'N', tb = b.trans == kTrans ? 'T' : 'N';
+  const int mi = static_cast<int>(m), ni = static_cast<int>(n), ki = static_cast<int>(k);
+  const int ld = static_cast<int>(std::max<int64_t>(ldy, 1));
+  const float one = 1.0f, zero = 0.0f;
+  fn(&tb, &ta, &ni, &mi, &ki, &one, static_cast<const float*>(b.p), &b.ld, static_cast<const float*>(a.p), &a.ld,
+     &zero, y, &ld);
+}
+
+// One group's product into y: MKL's mixed GEMM (`mixed` non-null), or ATen's CPU GEMM.
 void group_mm(MixedGemm mixed, at::Tensor y, const at::Tensor& a, const at::Tensor& b) {
   if (mixed) {
     mixed_mm_out(mixed, std::move(y), a, b);
   } else {
     at::cpu::mm_out(y, a, b);
   }
+}
+
+// A 2-D float32 block of a buffer at `p` + offset (elements), [r, c] with strides (s0, s1).
+struct Block {
+  const float* p;
+  int64_t r, c, s0, s1;
+};
+
+// y = a x b for float32 blocks through the direct sgemm when all three are BLAS views (y with
+// unit column stride); false when not (the caller then uses ATen's mm).
+bool direct_mm(Sgemm fn, float* y, int64_t ldy, const Block& a, const Block& b) {
+  Operand oa{a.p, 0, 0}, ob{b.p, 0, 0};
+  if (!fn || !blas_operand(a.r, a.c, a.s0, a.s1, oa.trans, oa.ld) ||
+      !blas_operand(b.r, b.c, b.s0, b.s1, ob.trans, ob.ld) || ldy < std::max<int64_t>(b.c, 1)) {
+    return false;
+  }
+  sgemm_rows(fn, a.r, b.c, a.c, oa, ob, y, ldy);
+  return true;
 }
 
 // Tasks 0..total-1, taken from one counter by the caller and by helper tasks on ATen's inter-op
@@ -258,6 +320,9 @@ ffi::Error ragged_dot(ffi::AnyBuffer lhs, ffi::AnyBuffer rhs, ffi::AnyBuffer gro
     at::Tensor a = wrap(lhs), w = wrap(rhs), y = wrap(*out);
     TORCH_CHECK(a.dim() == 2 && w.dim() == 3 && y.dim() == 2, "bad operand ranks");
     const int64_t m = a.size(0), g = w.size(0), n = y.size(1);
+    TORCH_CHECK(y.size(0) == m && w.size(rhs_col_major ? 2 : 1) == a.size(1) && w.size(rhs_col_major ? 1 : 2) == n &&
+                    w.scalar_type() == a.scalar_type() && y.scalar_type() == a.scalar_type(),
+                "operand shapes/types disagree");
     TORCH_CHECK(static_cast<int64_t>(groups.element_count()) == g, "group count mismatch");
     const std::vector<int64_t> e = group_ends(groups, group_sizes != 0, m);
     std::vector<int64_t> used;  // non-empty groups
@@ -267,9 +332,17 @@ ffi::Error ragged_dot(ffi::AnyBuffer lhs, ffi::AnyBuffer rhs, ffi::AnyBuffer gro
     const MixedGemm mixed = mixed_gemm(a.scalar_type());
     const int64_t parts =
         column_parts(n, threads, static_cast<int64_t>(used.size()), a.element_size() < 4 && !mixed);
+    const int64_t k = a.size(1);
+    const Sgemm direct = a.scalar_type() == c10::kFloat ? direct_sgemm() : nullptr;
     run_tasks(static_cast<int64_t>(used.size()) * parts, threads, [&](int64_t t) {
       const int64_t i = used[t / parts], r0 = i ? e[i - 1] : 0;
       const auto [c0, c1] = part_columns(n, parts, t % parts);
+      if (direct) {  // the operands are dense buffers: blocks by pointer arithmetic
+        const float* wp = static_cast<const float*>(w.data_ptr()) + i * n * k;
+        const Block bi = rhs_col_major ? Block{wp + c0 * k, k, c1 - c0, 1, k} : Block{wp + c0, k, c1 - c0, n, 1};
+        const Block ai{static_cast<const float*>(a.data_ptr()) + r0 * k, e[i] - r0, k, k, 1};
+        if (direct_mm(direct, static_cast<float*>(y.data_ptr()) + r0 * n + c0, n, ai, bi)) return;
+      }
       at::Tensor wi = w.select(0, i);
       wi = rhs_col_major ? wi.narrow(0, c0, c1 - c0).t() : wi.narrow(1, c0, c1 - c0);
       at::Tensor yi = y.narrow(0, r0, e[i] - r0).narrow(1, c0, c1 - c0);
@@ -290,6 +363,9 @@ ffi::Error ragged_dot_wgrad(ffi::AnyBuffer lhs, ffi::AnyBuffer grad, ffi::AnyBuf
     at::Tensor a = wrap(lhs), d = wrap(grad), y = wrap(*out);
     TORCH_CHECK(a.dim() == 2 && d.dim() == 2 && y.dim() == 3, "bad operand ranks");
     const int64_t m = a.size(0), g = y.size(0), n = y.size(2);
+    TORCH_CHECK(d.size(0) == m && y.size(1) == a.size(1) && d.size(1) == n && d.scalar_type() == a.scalar_type() &&
+                    y.scalar_type() == a.scalar_type(),
+                "operand shapes/types disagree");
     TORCH_CHECK(static_cast<int64_t>(groups.element_count()) == g, "group count mismatch");
     const std::vector<int64_t> e = group_ends(groups, group_sizes != 0, m);
     int64_t used = 0;
@@ -297,9 +373,16 @@ ffi::Error ragged_dot_wgrad(ffi::AnyBuffer lhs, ffi::AnyBuffer grad, ffi::AnyBuf
     const int64_t threads = gemm_threads(m * a.size(1) * n);
     const MixedGemm mixed = mixed_gemm(a.scalar_type());
     const int64_t parts = column_parts(n, threads, used, a.element_size() < 4 && !mixed);
+    const int64_t k = a.size(1);
+    const Sgemm direct = a.scalar_type() == c10::kFloat ? direct_sgemm() : nullptr;
     run_tasks(g * parts, threads, [&](int64_t t) {
       const int64_t i = t / parts, r0 = i ? e[i - 1] : 0;
       const auto [c0, c1] = part_columns(n, parts, t % parts);
+      if (direct && e[i] > r0) {  // lhs^T by the transpose flag: [K, rows] with strides (1, K)
+        const Block ai{static_cast<const float*>(a.data_ptr()) + r0 * k, k, e[i] - r0, 1, k};
+        const Block di{static_cast<const float*>(d.data_ptr()) + r0 * n + c0, e[i] - r0, c1 - c0, n, 1};
+        if (direct_mm(direct, static_cast<float*>(y.data_ptr()) + i * k * n + c0, n, ai, di)) return;
+      }
       at::Tensor yi = y.select(0, i).narrow(1, c0, c1 - c0);
       if (e[i] > r0) {
         group_mm(mixed, yi, a.narrow(0, r0, e[i] - r0).t(), d.narrow(0, r0, e[i] - r0).narrow(1, c0, c1 - c0));
