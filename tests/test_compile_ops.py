@@ -1,5 +1,6 @@
-"""Ops that compiled graphs must hold: _grouped_mm in every dtype, the fused optimizers, and
-graphs with an unlowered node (compiled pieces around it, not the whole graph op by op)."""
+"""Ops that compiled graphs must hold: _grouped_mm in every dtype, the fused optimizers,
+graphs with an unlowered node (compiled pieces around it, not the whole graph op by op), and the
+static KV cache write (index_copy at arange + offset) as one dynamic_update_slice."""
 
 from __future__ import annotations
 
