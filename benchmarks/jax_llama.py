@@ -4,7 +4,9 @@ JAX's own XLA:CPU client. What XLA can do with this model when the program comes
 
 JaxPrefill: one prefill step, as the torch step does it: embeddings, per layer RMSNorm -> GQA
 attention with RoPE (causal) writing K/V into a static cache of `cache_len` -> RMSNorm -> SwiGLU
-MLP, final norm, lm_head on the last position, argmax. JaxDecode: one greedy decode step of one
+MLP, final norm, lm_head on the last position, argmax. Its attention reads the whole updated cache
+(`cache_len` keys, those past each query's position masked), as HF's StaticCache does in the torch
+step; `keys="prompt"` attends over the prompt's own n keys instead (less work than the torch step). JaxDecode: one greedy decode step of one
 token at a traced position, attending over the whole static cache (masked past the position, as
 HF's StaticCache does), the cache donated so XLA updates it in place; the token stays on the
 device from step to step. `hlo_text()` gives the optimized HLO for comparison with ours
@@ -62,13 +64,18 @@ class _JaxLlama:
 
 
 class JaxPrefill(_JaxLlama):
-    def __init__(self, model: Any, ids: torch.Tensor, cache_len: int, precision: str | None = None) -> None:
+    def __init__(self, model: Any, ids: torch.Tensor, cache_len: int, precision: str | None = None,
+                 keys: str = "cache") -> None:
         """`precision`: jax.default_matmul_precision for the dots ("highest" = float32, what
-        torch_tpu emits by default); None keeps JAX's default."""
+        torch_tpu emits by default); None keeps JAX's default. `keys`: "cache" (all `cache_len`,
+        masked, like the torch step) or "prompt" (the n new keys only)."""
         import jax
         import jax.numpy as jnp
 
         super().__init__(model, cache_len, precision)
+        if keys not in ("cache", "prompt"):
+            raise ValueError(f"keys must be 'cache' or 'prompt', got {keys!r}")
+        self.keys = keys
         self.ids = jnp.asarray(ids.numpy())
         n = ids.shape[1]
         freqs = np.outer(np.arange(n, dtype=np.float32), self.inv_freq_np)
@@ -88,7 +95,9 @@ class JaxPrefill(_JaxLlama):
 
         n = ids.shape[1]
         x = w["model.embed_tokens.weight"][ids[0]]  # [n, hidden]
-        mask = jnp.tril(jnp.ones((n, n), bool))
+        # query i (at position i) sees keys 0..i: of the prompt, or of the whole cache (the rest masked)
+        kv_len = n if self.keys == "prompt" else self.cache_len
+        mask = jnp.arange(kv_len)[None, :] <= jnp.arange(n)[:, None]
         new_cache = []
         for i in range(self.layers):
             p = f"model.layers.{i}."
@@ -101,7 +110,8 @@ class JaxPrefill(_JaxLlama):
             vc = jax.lax.dynamic_update_slice(cache[2 * i + 1], v[None], (0, 0, 0, 0))
             new_cache += [kc, vc]
             rep = self.h // self.kvh
-            kk, vv = jnp.repeat(k, rep, axis=0), jnp.repeat(v, rep, axis=0)
+            ka, va = (k, v) if self.keys == "prompt" else (kc[0], vc[0])
+            kk, vv = jnp.repeat(ka, rep, axis=0), jnp.repeat(va, rep, axis=0)
             s = jnp.einsum("hqd,hkd->hqk", q, kk) / np.sqrt(self.hd)
             s = jnp.where(mask, s, -jnp.inf)
             a = jax.nn.softmax(s, axis=-1)

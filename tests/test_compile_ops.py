@@ -1,14 +1,17 @@
-"""Ops that compiled graphs must hold: _grouped_mm in every dtype, the fused optimizers, and
-graphs with an unlowered node (compiled pieces around it, not the whole graph op by op)."""
+"""Ops that compiled graphs must hold: _grouped_mm in every dtype, the fused optimizers,
+graphs with an unlowered node (compiled pieces around it, not the whole graph op by op), and the
+static KV cache write (index_copy at arange + offset) as one dynamic_update_slice."""
 
 from __future__ import annotations
 
 import copy
 import warnings
+from pathlib import Path
 
 import pytest
 import torch
 import torch._dynamo
+import torch._functorch.config
 import torch_tpu
 from torch_tpu._internal import compile as tpu_compile
 
@@ -101,3 +104,90 @@ def test_unlowered_multi_output_node_is_split_out() -> None:
 
     out = torch.compile(f, backend="tpu")(x.to("tpu"))
     torch.testing.assert_close(out.cpu(), f(x))
+
+
+class _StaticKV(torch.nn.Module):
+    """HF StaticLayer.update's write (transformers 5.x): `index_copy_` at arange(n) + the cache's
+    one-element length tensor, then the length advances in place."""
+
+    def __init__(self, size: int) -> None:
+        super().__init__()
+        self.register_buffer("k", torch.zeros(1, 2, size, 3))
+        self.register_buffer("v", torch.zeros(1, 2, size, 3))
+        self.register_buffer("length", torch.zeros(1, dtype=torch.long))
+
+    def forward(self, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        pos = torch.arange(k.shape[-2], device=k.device) + self.length
+        self.length.add_(k.shape[-2])
+        self.k.index_copy_(2, pos, k)
+        self.v.index_copy_(2, pos, v)
+        return (self.k * self.v).sum(2)
+
+
+def _cache_write_programs(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, rewrite: bool,
+                          size: int) -> tuple[_StaticKV, _StaticKV, torch.nn.Module]:
+    """(CPU module, its tpu copy, the compiled tpu copy); the programs it builds go to tmp_path."""
+    from torch_tpu._internal import graph_passes
+
+    monkeypatch.setitem(graph_passes.REWRITES, "cache_writes_at_offset", rewrite)
+    monkeypatch.setenv("TORCH_TPU_DUMP_DIR", str(tmp_path))  # the programs as run (device checks included)
+    m = _StaticKV(size)
+    mt = copy.deepcopy(m).to("tpu")
+    return m, mt, torch.compile(mt, backend="tpu", fullgraph=True, dynamic=False)
+
+
+def _dumped(tmp_path: Path) -> list[str]:
+    """The compiled graphs' programs (not the eager ops') the runtime asked XLA for."""
+    return [t for t in (p.read_text() for p in sorted(tmp_path.glob("*.mlir"))) if t.startswith("// graph ")]
+
+
+@pytest.mark.parametrize("rewrite", [True, False])
+def test_static_cache_write_is_one_dynamic_update_slice(rewrite: bool, monkeypatch: pytest.MonkeyPatch,
+                                                       tmp_path: Path) -> None:
+    """The static KV cache write index_copy_(2, arange(n) + length, kv) compiles to a
+    dynamic_update_slice of the donated cache (no scatter); cache contents equal CPU's step by
+    step. With the rewrite off, the old program's scatter is there (the expectation guards it)."""
+    torch.manual_seed(5)
+    m, mt, cm = _cache_write_programs(monkeypatch, tmp_path, rewrite, 11)
+    before = tpu_compile.STATS["cache_writes_at_offset"]
+    # Programs built here, not served from AOTAutograd's cache (its key does not see the switch).
+    with torch.no_grad(), torch._functorch.config.patch(enable_autograd_cache=False):
+        for _ in range(3):
+            k, v = torch.randn(1, 2, 3, 3), torch.randn(1, 2, 3, 3)
+            out = cm(k.to("tpu"), v.to("tpu"))
+            torch.testing.assert_close(out.cpu(), m(k, v))
+            for a, b in ((mt.k, m.k), (mt.v, m.v), (mt.length, m.length)):
+                assert torch.equal(a.cpu(), b)
+    texts = _dumped(tmp_path)
+    assert len(texts) == 1
+    if rewrite:
+        assert tpu_compile.STATS["cache_writes_at_offset"] == before + 2
+        assert texts[0].count("stablehlo.dynamic_update_slice") == 2 and "\"stablehlo.scatter\"(" not in texts[0]
+        assert "(tensor<1x2x11x3xf32>, tensor<1x2x3x3xf32>, tensor<i64>, tensor<i64>, tensor<i64>, tensor<i64>) " \
+               "-> tensor<1x2x11x3xf32>" in texts[0], texts[0]
+        # in place: the caches are donated into their results
+        assert texts[0].count("tensor<1x2x11x3xf32> {tf.aliasing_output") == 2, texts[0]
+    else:
+        assert tpu_compile.STATS["cache_writes_at_offset"] == before
+        assert texts[0].count("\"stablehlo.scatter\"(") == 2 and "stablehlo.dynamic_update_slice" not in texts[0]
+
+
+@pytest.mark.parametrize("start", [-1, 9])
+def test_static_cache_write_out_of_range_raises_like_cpu(start: int, monkeypatch: pytest.MonkeyPatch,
+                                                        tmp_path: Path) -> None:
+    """A cache length that puts the run outside [0, size): IndexError as on CPU (the slice would
+    clamp the start; the range check keeps index_copy's behaviour); in-range steps before it are
+    written like CPU's."""
+    m, mt, cm = _cache_write_programs(monkeypatch, tmp_path, True, 11)
+    k, v = torch.randn(1, 2, 3, 3), torch.randn(1, 2, 3, 3)
+    before = tpu_compile.STATS["cache_writes_at_offset"]
+    with torch.no_grad(), torch._functorch.config.patch(enable_autograd_cache=False):
+        cm(k.to("tpu"), v.to("tpu")).cpu()
+        m(k, v)
+        m.length.fill_(start)
+        mt.length.fill_(start)
+        with pytest.raises(IndexError, match=r"index_copy_\(\): index .*out of bounds for dimension 2 with size 11"):
+            m(k, v)
+        with pytest.raises(IndexError, match=r"index_copy_\(\): index .*out of bounds for dimension 2 with size 11"):
+            cm(k.to("tpu"), v.to("tpu")).cpu()
+    assert tpu_compile.STATS["cache_writes_at_offset"] == before + 2  # the slice program ran

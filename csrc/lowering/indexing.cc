@@ -555,6 +555,30 @@ TPU_LOWER_INDEXING(index_copy) {
   return {index_scatter(b, self, dim, c.tensor("index"), src, "", CheckKind::Index, "index_copy_(): ")};
 }
 
+// torch_tpu::index_copy_at(self, dim, start, source) = index_copy(self, dim, arange(n) + start,
+// source), n = source.size(dim): the static KV cache write (graph_passes.py proves the index is
+// that run). One dynamic_update_slice, in place on the donated cache, instead of a scatter. The
+// index range check is index_copy's (every row in [0, size) iff 0 <= start <= size - n); the slice
+// would clamp a bad start where index_copy's scatter drops rows, so with checks off the scatter stays.
+TPU_LOWER_INDEXING(index_copy_at) {
+  Value self = c.tensor("self");
+  const int64_t dim = norm_dim(c.int_("dim"), self.rank());
+  Value src = b.convert(c.tensor("source"), self.elem());
+  const int64_t n = src.shape().at(static_cast<size_t>(dim)), size = self.shape()[dim];
+  Value start = b.reshape(b.convert(c.tensor("start"), I64), {});
+  const std::string msg = oob(dim, size, "index_copy_(): ");
+  if (n == 0) return {self};
+  if (!b.checking()) {
+    Value index = b.add(b.iota(Type{I64, {n}}, 0), b.broadcast_in_dim(start, {n}, {}));
+    return {index_scatter(b, self, dim, index, src, "", CheckKind::Index, "index_copy_(): ")};
+  }
+  check(b, b.or_(b.compare(Cmp::LT, start, b.constant_i(0, I64)), b.compare(Cmp::GT, start, b.constant_i(size - n, I64))),
+        CheckKind::Index, msg);
+  std::vector<Value> starts(static_cast<size_t>(self.rank()), b.constant_i(0, I64));
+  starts[static_cast<size_t>(dim)] = start;
+  return {b.dynamic_update_slice(self, src, starts)};
+}
+
 TPU_LOWER_INDEXING(index_fill) {
   // Mask over positions along `dim` (no scatter: duplicates are harmless).
   Value self = c.tensor("self");

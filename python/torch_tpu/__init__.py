@@ -179,7 +179,10 @@ def lowered_ops() -> list[str]:
 def compile_stats() -> dict[str, Any]:
     """What the torch.compile backend did: FX graphs received, XLA programs built, graphs split
     into compiled pieces around eager nodes (and those nodes), graphs run op by op, graphs served
-    by PyTorch's AOTAutogradCache (`aot_cache_hits`), and `graph_tiers`: per program built, which
+    by PyTorch's AOTAutogradCache (`aot_cache_hits`), the graph rewrites made before lowering
+    (`ungrouped_kv`: HF repeat_kv copies of K/V no longer fed to the fused attention op;
+    `cache_writes_at_offset`: static KV cache writes `index_copy` at `arange(n) + offset` turned
+    into one dynamic_update_slice each), and `graph_tiers`: per program built, which
     tier served it ({"graph", "aot": "traced" | "aot_cache" | "reused", "xla": "xla_compiled" |
     "xla_disk" | "xla_memory"}; "reused": a graph built again for another contraction precision),
     and `dynamic`: per program built for a graph with symbolic sizes, the bucket it serves

@@ -342,7 +342,7 @@ _graph_counter = [0]
 
 # What the backend did with each FX graph it was given (tests and compile_stats() read these).
 STATS = {"graphs": 0, "programs": 0, "partitioned_graphs": 0, "eager_nodes": 0, "eager_graphs": 0,
-         "aot_cache_hits": 0, "ungrouped_kv": 0}
+         "aot_cache_hits": 0, "ungrouped_kv": 0, "cache_writes_at_offset": 0}
 # One entry per program built: {"graph", "aot": "traced" | "aot_cache" | "reused" (another
 # precision's program of a graph already here), "xla": "xla_compiled" | "xla_disk" |
 # "xla_memory"}: which tier of each cache served it.

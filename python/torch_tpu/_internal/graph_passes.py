@@ -8,6 +8,12 @@ G-fold copies of K and V are never materialized: the scores are one [B*Hk, G*L, 
 head instead of B*Hq products against broadcast copies. The repeat stays in the graph for any
 other user (it is dropped when SDPA was its only one). Same sums per element: the result is
 bitwise the same as with the repeated K/V.
+
+`write_cache_at_offset`: HF's static cache writes `cache.index_copy_(2, arange(n) + offset, kv)`
+(`offset` the cache's one-element length tensor). The index is a contiguous run by construction,
+so the functional `index_copy` becomes `torch_tpu::index_copy_at(cache, 2, offset, kv)`, which
+lowers to one dynamic_update_slice (in place on the donated cache buffer) with index_copy's range
+check, instead of a scatter (csrc/lowering/indexing.cc). Same values written, same IndexError.
 """
 
 from __future__ import annotations
@@ -17,8 +23,27 @@ import torch.fx
 
 aten = torch.ops.aten
 
-# The switch compile_graph reads (tests and A/B runs turn the rewrites off with it).
+# Graph-only op the cache-write rewrite emits; outside a compiled program (a graph split around an
+# unlowered node) it is the index_copy it replaced.
+_LIB = torch.library.Library("torch_tpu", "FRAGMENT")
+_LIB.define("index_copy_at(Tensor self, int dim, Tensor start, Tensor source) -> Tensor")
+
+
+@torch.library.impl(_LIB, "index_copy_at", "CompositeExplicitAutograd")
+def _index_copy_at(self: torch.Tensor, dim: int, start: torch.Tensor, source: torch.Tensor) -> torch.Tensor:
+    n = source.shape[dim] if source.dim() else 1
+    return torch.index_copy(self, dim, torch.arange(n, device=self.device) + start, source)
+
+
+@torch.library.register_fake("torch_tpu::index_copy_at")
+def _index_copy_at_fake(self: torch.Tensor, dim: int, start: torch.Tensor, source: torch.Tensor) -> torch.Tensor:
+    return torch.empty_like(self)
+
+
+# The switch compile_graph reads (tests and A/B runs turn the rewrites off with it), and one per
+# rewrite (by its compile_stats() count name).
 ENABLED = [True]
+REWRITES = {"ungrouped_kv": True, "cache_writes_at_offset": True}
 
 _SDPA_FORWARDS = (aten._scaled_dot_product_fused_attention_overrideable.default,)
 _VIEWS = (aten._unsafe_view.default, aten.view.default, aten.reshape.default)
@@ -91,9 +116,81 @@ def ungroup_repeated_kv(gm: torch.fx.GraphModule) -> int:
     return changed
 
 
+def _arange_length(n: object) -> int | None:
+    """n for `arange(n)` / `arange(0, n[, 1])` of int64 with static n; None otherwise."""
+    if not (isinstance(n, torch.fx.Node) and n.op == "call_function"):
+        return None
+    args = list(n.args)
+    if n.target is aten.arange.default:
+        args = [0, *args]
+    elif n.target is aten.arange.start:
+        pass
+    elif n.target is aten.arange.start_step:
+        if args[2] != 1:
+            return None
+    else:
+        return None
+    if args[0] != 0 or not isinstance(args[1], int):
+        return None
+    v = n.meta.get("val")
+    return args[1] if isinstance(v, torch.Tensor) and v.dtype == torch.int64 and _shape(n) == (args[1],) else None
+
+
+def _run_offset(index: object, length: int) -> torch.fx.Node | None:
+    """`off` when `index` = arange(length) + off (either order), off an integer tensor of one
+    element (shape [] or [1]); None otherwise."""
+    if not (isinstance(index, torch.fx.Node) and index.target is aten.add.Tensor and len(index.args) == 2):
+        return None
+    if index.kwargs.get("alpha", 1) != 1:
+        return None
+    for a, off in (index.args, index.args[::-1]):
+        v = off.meta.get("val") if isinstance(off, torch.fx.Node) else None
+        if (_arange_length(a) == length and isinstance(v, torch.Tensor) and _shape(off) in ((), (1,))
+                and not v.dtype.is_floating_point and not v.dtype.is_complex and v.dtype != torch.bool):
+            return off
+    return None
+
+
+def write_cache_at_offset(gm: torch.fx.GraphModule) -> int:
+    """index_copy(self, dim, arange(n) + off, src) -> torch_tpu::index_copy_at(self, dim, off, src)
+    (module doc); returns how many changed."""
+    changed = 0
+    for n in list(gm.graph.nodes):
+        if n.op != "call_function" or n.target is not aten.index_copy.default or len(n.args) != 4 or n.kwargs:
+            continue
+        self_, dim, index, src = n.args
+        s_s, src_s, i_s = _shape(self_), _shape(src), _shape(index)
+        if s_s is None or src_s is None or i_s is None or len(i_s) != 1 or not s_s or len(src_s) != len(s_s):
+            continue
+        d = dim % len(s_s)
+        length = i_s[0]
+        if src_s[d] != length or any(a != b for k, (a, b) in enumerate(zip(s_s, src_s, strict=True)) if k != d):
+            continue
+        v, iv = n.meta.get("val"), index.meta.get("val")
+        if not isinstance(v, torch.Tensor) or not isinstance(iv, torch.Tensor) or iv.dtype != torch.int64:
+            continue
+        off = _run_offset(index, length)
+        if off is None:
+            continue
+        with gm.graph.inserting_before(n):
+            new = gm.graph.call_function(torch.ops.torch_tpu.index_copy_at.default, (self_, d, off, src))
+        new.meta = dict(n.meta)
+        n.replace_all_uses_with(new)
+        gm.graph.erase_node(n)
+        for x in (index, *index.all_input_nodes):  # the index run, unless something else reads it
+            if isinstance(x, torch.fx.Node) and not x.users and x.target in (aten.add.Tensor, *_ARANGES):
+                gm.graph.erase_node(x)
+        changed += 1
+    return changed
+
+
+_ARANGES = (aten.arange.default, aten.arange.start, aten.arange.start_step)
+
+
 def run(gm: torch.fx.GraphModule) -> dict[str, int]:
     """The rewrites, in place; the counts of what changed."""
-    counts = {"ungrouped_kv": ungroup_repeated_kv(gm)}
+    passes = {"ungrouped_kv": ungroup_repeated_kv, "cache_writes_at_offset": write_cache_at_offset}
+    counts = {name: fn(gm) if REWRITES.get(name, True) else 0 for name, fn in passes.items()}
     if any(counts.values()):
         gm.graph.lint()
         gm.recompile()
