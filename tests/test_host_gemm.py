@@ -52,7 +52,7 @@ def _programs(folder: Path) -> list[str]:
 
 
 def _rand(*shape: int, seed: int = 0) -> torch.Tensor:
-    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed + sum(shape)))
+    return torch.randn(shape, generator=torch.Generator().manual_seed(seed + sum(shape)))
 
 
 def _close(got: torch.Tensor, ref: torch.Tensor) -> None:
@@ -194,3 +194,57 @@ def test_bad_kind() -> None:
         torch_tpu.ops.host_kernels(True, kind="mm")
     with pytest.raises(ValueError, match="'always' applies to every kind"):
         torch_tpu.ops.host_kernels("always", kind="gemm")
+
+
+# The two-thread split (csrc/aten/ffi_gemm.cc): from 2^22 multiply-adds on, the call cuts the output
+# into two blocks (batch entries; else rows when m >= n; else columns), one per thread, with odd sizes
+# that leave unequal blocks. Each block is a one-thread MKL GEMM, compared here with PyTorch CPU.
+@pytest.mark.parametrize("m, k, n, ta, tb", [
+    (257, 96, 200, False, True),   # rows, 136 + 121, the weight as stored
+    (263, 80, 205, True, False),   # rows, a transposed lhs
+    (9, 480, 1037, False, False),  # columns, 528 + 509
+    (10, 448, 1001, True, True),   # columns, both operands transposed
+    (4100, 1024, 1, False, False),  # n = 1: rows
+])
+def test_split_mm(host: None, dump: Callable[[str], str], m: int, k: int, n: int, ta: bool, tb: bool) -> None:
+    assert m * k * n >= 1 << 22
+    a = _rand(k, m).t() if ta else _rand(m, k)
+    b = _rand(n, k, seed=1).t() if tb else _rand(k, n, seed=1)
+    dump("split")
+    _close(torch.mm(a.to(DEV), b.to(DEV)), torch.mm(a, b))
+    assert _configs(dump("next")) == [_cfg(int(ta), int(tb), 0)]
+
+
+def test_split_one_row(host: None, dump: Callable[[str], str]) -> None:
+    # m = 1 takes the call only under "always" (one-row products stay XLA's); split by columns
+    a, b = _rand(1, 4096), _rand(1100, 4096, seed=2)
+    assert torch_tpu.ops.host_kernels("always") == "always"
+    dump("gemv")
+    _close(a.to(DEV) @ b.to(DEV).t(), a @ b.t())
+    assert _configs(dump("next")) == [_cfg(0, 1, 0)]
+
+
+@pytest.mark.parametrize("m, n", [(291, 120), (12, 1500)])  # rows; columns
+def test_split_addmm_beta_alpha(host: None, dump: Callable[[str], str], m: int, n: int) -> None:
+    # every addend shape; (beta, alpha) from the program-constant table (csrc/aten/host_operands.cc)
+    a, b = _rand(m, 160), _rand(160, n, seed=3)
+    cases = [((m, n), 1, 1), ((n,), 0.5, -2.0), ((1, n), 0, 3), ((m, 1), -1, -0.5), ((), 2, 1)]
+    for i, (self_shape, beta, alpha) in enumerate(cases):
+        s = _rand(*self_shape, seed=4)
+        dump(f"addmm{i}")
+        got = torch.addmm(s.to(DEV), a.to(DEV), b.to(DEV), beta=beta, alpha=alpha)
+        _close(got, torch.addmm(s, a, b, beta=beta, alpha=alpha))
+        assert _configs(dump(f"next{i}")) == [_cfg(0, 0, 1, float(alpha), float(beta))]
+
+
+def test_split_bmm_baddbmm(host: None, dump: Callable[[str], str]) -> None:
+    # batch 3: entries 2 + 1 (k as stored, trans_b); batch 1: its rows
+    for batch, m, tb in [(3, 40, True), (1, 300, False)]:
+        x, s = _rand(batch, m, 96), _rand(batch, 1, 400, seed=6)
+        w = _rand(batch, 400, 96, seed=5).transpose(1, 2) if tb else _rand(batch, 96, 400, seed=5)
+        dump(f"bmm{batch}")
+        wd = w.contiguous().to(DEV) if not tb else _rand(batch, 400, 96, seed=5).to(DEV).transpose(1, 2)
+        _close(torch.bmm(x.to(DEV), wd), torch.bmm(x, w))
+        got = torch.baddbmm(s.to(DEV), x.to(DEV), wd, beta=0.5, alpha=2)
+        _close(got, torch.baddbmm(s, x, w, beta=0.5, alpha=2))
+        assert sorted(_configs(dump(f"next{batch}"))) == sorted([_cfg(0, int(tb), 0), _cfg(0, int(tb), 1, 2.0, 0.5)])
