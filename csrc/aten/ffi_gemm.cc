@@ -2,9 +2,9 @@
 // lowering/host_gemm.h; lowering/matmul.cc emits it) that runs PyTorch's own CPU mm / addmm / bmm /
 // baddbmm on the program's buffers, which are host memory, writing straight into the output buffer.
 //
-// Why: XLA:CPU's dot is Eigen's tensor contraction; PyTorch CPU's is MKL sgemm, 1.1-1.5x faster on
-// the GEMMs of the HF models (bench_gemm.py, matmul.cc's threshold comment), and those GEMMs are
-// half or more of a forward. No XLA:CPU option reaches MKL for a plain dot.
+// Why: XLA:CPU's dot is Eigen's tensor contraction; PyTorch CPU's is MKL sgemm, 1.5-3x faster on
+// products of few rows (a decode step's or a short decoder's Linears, attention blocks; matmul.cc's
+// threshold comment), where matmul.cc uses it. No XLA:CPU option reaches MKL for a plain dot.
 //
 // Threads: the product is cut into blocks of the output (batch entries, rows, or columns when the
 // rows are few), each a one-thread MKL GEMM, run by run_tasks (ffi_common.h) on the XLA thread that
@@ -99,6 +99,7 @@ ffi::Error host_gemm(ffi::AnyBuffer a, ffi::AnyBuffer b, ffi::AnyBuffer c, ffi::
     }
     const int64_t len = dim < 0 ? 1 : y.size(dim), parts = dim < 0 ? 1 : std::min(threads, len);
     run_tasks(parts, threads, [&](int64_t p) {
+      c10::InferenceMode on_this_thread;  // the blocks are views of inference tensors (a pool thread too)
       if (dim < 0) return block_gemm(y, z, x, w, has_c, alpha, beta);
       const auto [s, e] = part_range(len, parts, p, align);
       if (s >= e) return;
