@@ -1,4 +1,8 @@
-"""Square matmul throughput: `a @ b` on tpu vs `torch.mm` on the CPU, float32 and bfloat16."""
+"""Square matmul throughput: `a @ b` on tpu vs `torch.mm` on the CPU, float32 and bfloat16; and the
+float32 Linear products of bench_models_hf (hidden 256, FFN 1024, batch 4 x seq 128 tokens = 512 rows, ViT
+4 x 145 = 580, T5's decoder 4 x 32 = 128, a few-row decode-size product) as F.linear on tpu (the host GEMM
+for 2..128 rows, XLA's dot for more: csrc/lowering/matmul.cc) vs the CPU (the faster of default threads
+and one thread)."""
 
 from __future__ import annotations
 
@@ -6,7 +10,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-from bench_common import TPU, finish, fmt_ratio, interleaved, median, ratio, sync, time_call
+from bench_common import TPU, finish, fmt_ratio, interleaved, median, one_thread, ratio, sync, time_call
 
 NAME = "gemm"
 SIZES = (1024, 2048)
@@ -17,6 +21,12 @@ MIN_ITERS = 2
 MAX_ITERS = 50
 CPU_BUDGET_S = 30.0  # skip a CPU baseline whose estimated total time exceeds this
 GOAL_MIN_RATIO = 0.9
+# (rows, in, out) of bench_models_hf's Linears: q/o and k/v (llama's 2 KV heads: 128), GPT-2's fused qkv,
+# MLP up/down, at 512 / 580 / 128 rows, and a decode step's 16 rows
+HF_LINEARS = ((512, 256, 256), (512, 256, 128), (512, 256, 768), (512, 256, 1024), (512, 1024, 256),
+              (580, 256, 1024), (580, 1024, 256), (128, 256, 256), (128, 256, 1024), (128, 1024, 256),
+              (16, 256, 1024))
+HF_ITERS = 10
 
 
 def gflops(n: int, seconds: float) -> float:
@@ -96,6 +106,27 @@ def one_case(n: int, dtype: torch.dtype, cpu_est_s: float | None) -> dict[str, A
     return case
 
 
+def hf_linear(m: int, k: int, n: int) -> dict[str, Any]:
+    g = torch.Generator().manual_seed(m + k + n)
+    x_cpu, w_cpu, b_cpu = torch.randn(m, k, generator=g), torch.randn(n, k, generator=g), torch.randn(n, generator=g)
+    x, w, b = x_cpu.to(TPU), w_cpu.to(TPU), b_cpu.to(TPU)
+
+    def tpu_lin() -> torch.Tensor:
+        return torch.nn.functional.linear(x, w, b)
+
+    def cpu_lin() -> torch.Tensor:
+        return torch.nn.functional.linear(x_cpu, w_cpu, b_cpu)
+
+    fns = {TPU: batch_fn(tpu_lin, HF_ITERS, on_tpu=True), "cpu": batch_fn(cpu_lin, HF_ITERS, on_tpu=False)}
+    fns["cpu_1thread"] = one_thread(fns["cpu"])
+    for fn in fns.values():
+        fn()
+    ms = {d: median(t) / HF_ITERS * 1e3 for d, t in interleaved(fns, REPEATS).items()}
+    cpu = min(ms["cpu"], ms["cpu_1thread"])
+    return {"shape": f"[{m},{k}]x[{k},{n}]", "tpu_ms": ms[TPU], "cpu_ms": cpu, "cpu_default_threads_ms": ms["cpu"],
+            "cpu_1thread_ms": ms["cpu_1thread"], "ratio_tpu_over_cpu": ms[TPU] / cpu}
+
+
 def run() -> dict[str, Any]:
     cases: list[dict[str, Any]] = []
     for dtype in DTYPES:
@@ -116,17 +147,22 @@ def run() -> dict[str, Any]:
     for c in cases:
         cpu = f"{c['cpu_gflops']:.1f}" if c["cpu_gflops"] is not None else "skipped"
         parts.append(f"{c['dtype']}@{c['n']} {c['tpu_gflops']:.1f}/{cpu}")
+    hf = [hf_linear(*shape) for shape in HF_LINEARS]
     summary = (
         f"{NAME}: GFLOP/s tpu/cpu "
         + ", ".join(parts)
         + " | ours/torch "
         + ", ".join(fmt_ratio(r) for r in ratios)
+        + " | HF Linears ms tpu/cpu "
+        + ", ".join(f"{c['shape']} {c['tpu_ms']:.2f}/{c['cpu_ms']:.2f}" for c in hf)
     )
     return finish(
         NAME,
         {
-            "description": "square a @ b on tpu (synchronized) vs torch.mm on CPU; GFLOP/s = 2 n^3 / s",
+            "description": "square a @ b on tpu (synchronized) vs torch.mm on CPU; GFLOP/s = 2 n^3 / s; "
+                           "bench_models_hf's float32 Linear shapes, F.linear, ms per call",
             "cases": cases,
+            "hf_linears": hf,
             "ratios": ratios,
             "summary": summary,
         },

@@ -1,6 +1,6 @@
 """The host GEMM (csrc/aten/ffi_gemm.cc, csrc/lowering/host_gemm.h): on the CPU plugin float32
-mm / addmm / bmm / baddbmm from a measured size on are PyTorch's CPU GEMM run as the XLA FFI custom
-call "torch_tpu.gemm" inside strict and fused programs (compiled graphs keep XLA's dots); transposed operands go in as
+mm / addmm / bmm / baddbmm of 2..128 rows from a measured size on are PyTorch's CPU GEMM run as the XLA FFI
+custom call "torch_tpu.gemm" inside strict and fused programs (compiled graphs keep XLA's dots); transposed operands go in as
 the arrays they transpose, with a flag. Every case compares with PyTorch CPU and checks which path
 the program took. Shapes are unique to this file, so each program is built here, on the path the
 test switched to."""
@@ -26,10 +26,11 @@ _CALL = re.compile(r'"stablehlo.custom_call"\((%v\d+), (%v\d+), (%v\d+)\).*call_
 def host() -> Iterator[None]:
     if torch_tpu.ops.host_kernels() != "on":
         pytest.skip("no host kernels here")  # test_ragged_dot.py::test_host_kernels_registered says why
-    torch_tpu.ops.host_kernels(True, kind="gemm")  # off by default (csrc/lowering/host_kernels.cc)
+    previous = torch_tpu.ops.host_kernels(None, kind="gemm")
+    torch_tpu.ops.host_kernels(True, kind="gemm")
     yield
     torch_tpu.ops.host_kernels(True)
-    torch_tpu.ops.host_kernels(False, kind="gemm")
+    torch_tpu.ops.host_kernels(previous != "off", kind="gemm")
 
 
 @pytest.fixture
@@ -52,7 +53,7 @@ def _programs(folder: Path) -> list[str]:
 
 
 def _rand(*shape: int, seed: int = 0) -> torch.Tensor:
-    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed + sum(shape)))
+    return torch.randn(shape, generator=torch.Generator().manual_seed(seed + sum(shape)))
 
 
 def _close(got: torch.Tensor, ref: torch.Tensor) -> None:
@@ -194,3 +195,78 @@ def test_bad_kind() -> None:
         torch_tpu.ops.host_kernels(True, kind="mm")
     with pytest.raises(ValueError, match="'always' applies to every kind"):
         torch_tpu.ops.host_kernels("always", kind="gemm")
+
+
+def test_default_rule(dump: Callable[[str], str]) -> None:
+    # No fixture: the GEMM kind is on by default and takes products of 2..128 rows from 2^18
+    # multiply-adds (csrc/lowering/matmul.cc, host_gemm_wanted); one row or more than 128 rows stay
+    # XLA dots.
+    if torch_tpu.ops.host_kernels() != "on":
+        pytest.skip("no host kernels here")
+    assert torch_tpu.ops.host_kernels(None, kind="gemm") == "on"
+    w, bias = _rand(520, 256), _rand(520)
+    for rows, host_call in [(2, True), (128, True), (1, False), (129, False)]:
+        x = _rand(rows, 256, seed=1)
+        dump(f"rows{rows}")
+        _close(F.linear(x.to(DEV), w.to(DEV), bias.to(DEV)), F.linear(x, w, bias))
+        text = dump(f"next{rows}")
+        if host_call:
+            assert _configs(text) == [_cfg(0, 1, 1, 1.0, 1.0)] and "stablehlo.dot_general" not in text
+        else:
+            assert TARGET not in text and "stablehlo.dot_general" in text
+
+
+# The two-thread split (csrc/aten/ffi_gemm.cc): from 2^22 multiply-adds on, the call cuts the output
+# into two blocks (batch entries; else rows when m >= n; else columns), one per thread, with odd sizes
+# that leave unequal blocks. Each block is a one-thread MKL GEMM, compared here with PyTorch CPU.
+@pytest.mark.parametrize("m, k, n, ta, tb", [
+    (127, 340, 100, False, True),  # rows, 64 + 63, the weight as stored
+    (121, 360, 97, True, False),   # rows, a transposed lhs
+    (9, 480, 1037, False, False),  # columns, 528 + 509
+    (10, 448, 1001, True, True),   # columns, both operands transposed
+    (4100, 1024, 1, False, False),  # n = 1 (rows; over 128 rows: "always")
+])
+def test_split_mm(host: None, dump: Callable[[str], str], m: int, k: int, n: int, ta: bool, tb: bool) -> None:
+    assert m * k * n >= 1 << 22
+    if m > 128:
+        assert torch_tpu.ops.host_kernels("always") == "always"
+    a = _rand(k, m).t() if ta else _rand(m, k)
+    b = _rand(n, k, seed=1).t() if tb else _rand(k, n, seed=1)
+    dump("split")
+    _close(torch.mm(a.to(DEV), b.to(DEV)), torch.mm(a, b))
+    assert _configs(dump("next")) == [_cfg(int(ta), int(tb), 0)]
+
+
+def test_split_one_row(host: None, dump: Callable[[str], str]) -> None:
+    # m = 1 takes the call only under "always" (one-row products stay XLA's); split by columns
+    a, b = _rand(1, 4096), _rand(1100, 4096, seed=2)
+    assert torch_tpu.ops.host_kernels("always") == "always"
+    dump("gemv")
+    _close(a.to(DEV) @ b.to(DEV).t(), a @ b.t())
+    assert _configs(dump("next")) == [_cfg(0, 1, 0)]
+
+
+@pytest.mark.parametrize("m, n", [(125, 120), (12, 1500)])  # rows; columns
+def test_split_addmm_beta_alpha(host: None, dump: Callable[[str], str], m: int, n: int) -> None:
+    # every addend shape; (beta, alpha) from the program-constant table (csrc/aten/host_operands.cc)
+    a, b = _rand(m, 288), _rand(288, n, seed=3)
+    cases = [((m, n), 1, 1), ((n,), 0.5, -2.0), ((1, n), 0, 3), ((m, 1), -1, -0.5), ((), 2, 1)]
+    for i, (self_shape, beta, alpha) in enumerate(cases):
+        s = _rand(*self_shape, seed=4)
+        dump(f"addmm{i}")
+        got = torch.addmm(s.to(DEV), a.to(DEV), b.to(DEV), beta=beta, alpha=alpha)
+        _close(got, torch.addmm(s, a, b, beta=beta, alpha=alpha))
+        assert _configs(dump(f"next{i}")) == [_cfg(0, 0, 1, float(alpha), float(beta))]
+
+
+def test_split_bmm_baddbmm(host: None, dump: Callable[[str], str]) -> None:
+    # batch 3: entries 2 + 1 (k as stored, trans_b); batch 1: its columns
+    for batch, m, tb in [(3, 40, True), (1, 128, False)]:
+        x, s = _rand(batch, m, 96), _rand(batch, 1, 400, seed=6)
+        w = _rand(batch, 400, 96, seed=5).transpose(1, 2) if tb else _rand(batch, 96, 400, seed=5)
+        dump(f"bmm{batch}")
+        wd = w.contiguous().to(DEV) if not tb else _rand(batch, 400, 96, seed=5).to(DEV).transpose(1, 2)
+        _close(torch.bmm(x.to(DEV), wd), torch.bmm(x, w))
+        got = torch.baddbmm(s.to(DEV), x.to(DEV), wd, beta=0.5, alpha=2)
+        _close(got, torch.baddbmm(s, x, w, beta=0.5, alpha=2))
+        assert sorted(_configs(dump(f"next{batch}"))) == sorted([_cfg(0, int(tb), 0), _cfg(0, int(tb), 1, 2.0, 0.5)])

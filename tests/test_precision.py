@@ -108,11 +108,12 @@ def test_host_gemm_is_float32_at_every_precision(dump: Path) -> None:
     # than requested), its program carries no precision, and one program serves every setting.
     if torch_tpu.ops.host_kernels() != "on":
         pytest.skip("no host kernels here")
-    torch_tpu.ops.host_kernels(True, kind="gemm")  # off by default (csrc/lowering/host_kernels.cc)
+    previous = torch_tpu.ops.host_kernels(None, kind="gemm")  # on by default (csrc/lowering/host_kernels.cc)
+    torch_tpu.ops.host_kernels(True, kind="gemm")
     try:
         _host_gemm_at_every_precision(dump)
     finally:
-        torch_tpu.ops.host_kernels(False, kind="gemm")
+        torch_tpu.ops.host_kernels(previous != "off", kind="gemm")
 
 
 def _host_gemm_at_every_precision(dump: Path) -> None:

@@ -1,7 +1,8 @@
 // Shared by the host kernels (aten/ffi_kernels.cc: ragged dot; aten/ffi_conv.cc: convolution;
 // aten/ffi_gemm.cc: matrix products): the XLA FFI headers of the installed jaxlib, pinned to the API
 // version the plugin runs, an FFI buffer (host memory on the CPU plugin) seen as a CPU tensor
-// without a copy, and the OpenMP team size of the kernels a handler runs. Include only under
+// without a copy, the OpenMP team size of the kernels a handler runs, and run_tasks (a handler's
+// GEMMs on two threads without an OpenMP team). Include only under
 // `#if __has_include("xla/ffi/api/ffi.h")`.
 #pragma once
 #include <ATen/Parallel.h>
@@ -10,6 +11,17 @@
 #include <c10/util/Exception.h>
 
 #include <dlfcn.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <utility>
 
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wsign-compare"
@@ -102,3 +114,101 @@ class OmpThreads {
 };
 
 }  // namespace tpu::aten::ffi_buffers
+
+namespace tpu::aten {
+
+// ---- Running a handler's GEMMs on two (or more) threads without an OpenMP barrier (run_tasks;
+// used by the ragged dot, aten/ffi_kernels.cc, and the host GEMM, aten/ffi_gemm.cc).
+//
+// perf on a loop of decode-size calls: the GEMM kernels are ~6 % of the samples and libgomp's
+// spin-waits ~80 %, both in the ragged dot with one threaded ATen mm per group (as PyTorch's CPU _grouped_mm runs
+// it) and in PyTorch's own _grouped_mm: every group's GEMM forks and joins the OpenMP team, and on a
+// shared machine each join waits until the OS runs the other thread. Here the work is cut into
+// tasks (single-threaded GEMMs on blocks of the output), the calling thread works through them and an
+// inter-op pool thread, woken once per call, takes tasks from the same atomic counter. The caller
+// never waits for that thread to start: if it is not running, the caller does every task itself,
+// and only a task already taken is waited for.
+//
+// That last wait is the one cost of the helper: when the OS takes the core from it in the middle
+// of a task, the caller waits a scheduler slice (milliseconds on a loaded machine). In one process
+// at load ~9 (decode batch 64 shape) the two-thread call took 2-3x the wall time and 1.6x the CPU
+// time of the same tasks on the caller alone. So the caller times that wait: a wait longer than
+// two of its own tasks means the helper was descheduled, and the next calls run on the caller
+// alone (8, doubling to 256 while it recurs, halving back after calls without such a wait).
+
+// Tasks 0..total-1, taken from one counter by the caller and by helper tasks on ATen's inter-op
+// pool. The state outlives the call (shared_ptr): a helper that starts after the caller returned
+// finds no task left and never touches the call's buffers.
+namespace ffi_tasks {
+struct TaskState {
+  std::atomic<int64_t> next{0}, done{0};
+  int64_t total = 0;
+  std::function<void(int64_t)> task;
+  std::mutex mu;
+  std::string error;
+
+  // Runs tasks until none is left; returns how many this thread ran.
+  int64_t work() {
+    ffi_buffers::OmpThreads seq(1);  // sequential GEMMs on this thread
+    int64_t ran = 0;
+    for (int64_t t; (t = next.fetch_add(1)) < total; ++ran) {
+      try {
+        task(t);
+      } catch (const std::exception& e) {
+        std::lock_guard<std::mutex> lock(mu);
+        if (error.empty()) error = e.what();
+      }
+      if (done.fetch_add(1, std::memory_order_release) + 1 == total) done.notify_all();
+    }
+    return ran;
+  }
+};
+
+// Calls left to run on the caller alone, and the length of the next such run (see above).
+inline std::atomic<int> solo_calls{0}, solo_backoff{0};
+
+using Clock = std::chrono::steady_clock;
+}  // namespace ffi_tasks
+
+// Runs task(0) .. task(total - 1) on the caller and up to threads - 1 helpers; rethrows a task's error.
+inline void run_tasks(int64_t total, int64_t threads, std::function<void(int64_t)> task) {
+  using namespace ffi_tasks;
+  if (total <= 0) return;
+  auto st = std::make_shared<TaskState>();
+  st->total = total;
+  st->task = std::move(task);
+  int64_t helpers = std::min(threads, total) - 1;
+  if (helpers > 0 && solo_calls.load(std::memory_order_relaxed) > 0) {
+    solo_calls.fetch_sub(1, std::memory_order_relaxed);
+    helpers = 0;
+  }
+  for (int64_t h = 0; h < helpers; ++h) at::launch([st] { st->work(); });
+  const auto t0 = Clock::now();
+  const int64_t own = st->work();
+  if (st->done.load(std::memory_order_acquire) < total) {
+    // A helper still runs a task: spin briefly (it is usually mid-task on the other core), then sleep.
+    const auto t1 = Clock::now();
+    const auto per_task = own > 0 ? (t1 - t0) / own : std::chrono::microseconds(50);
+    for (int64_t d; (d = st->done.load(std::memory_order_acquire)) < total;) {
+      if (Clock::now() - t1 < std::chrono::microseconds(100)) {
+        std::this_thread::yield();
+      } else {
+        st->done.wait(d, std::memory_order_acquire);
+      }
+    }
+    if (Clock::now() - t1 > 2 * per_task + std::chrono::microseconds(20)) {
+      const int b = std::clamp(2 * solo_backoff.load(std::memory_order_relaxed), 8, 256);
+      solo_backoff.store(b, std::memory_order_relaxed);
+      solo_calls.store(b, std::memory_order_relaxed);
+    } else {
+      solo_backoff.store(solo_backoff.load(std::memory_order_relaxed) / 2, std::memory_order_relaxed);
+    }
+  } else if (helpers > 0) {
+    solo_backoff.store(solo_backoff.load(std::memory_order_relaxed) / 2, std::memory_order_relaxed);
+  }
+  // The helpers' references into this call die here; drop the closure before returning.
+  st->task = nullptr;
+  if (!st->error.empty()) throw std::runtime_error(st->error);
+}
+
+}  // namespace tpu::aten

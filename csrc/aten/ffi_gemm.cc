@@ -2,16 +2,20 @@
 // lowering/host_gemm.h; lowering/matmul.cc emits it) that runs PyTorch's own CPU mm / addmm / bmm /
 // baddbmm on the program's buffers, which are host memory, writing straight into the output buffer.
 //
-// Why: XLA:CPU's dot is Eigen's tensor contraction; PyTorch CPU's is MKL sgemm, 1.1-1.5x faster on
-// the GEMMs of the HF models (bench_gemm.py, matmul.cc's threshold comment), and those GEMMs are
-// half or more of a forward. No XLA:CPU option reaches MKL for a plain dot.
+// Why: XLA:CPU's dot is Eigen's tensor contraction; PyTorch CPU's is MKL sgemm, 1.5-3x faster on
+// products of few rows (a decode step's or a short decoder's Linears, attention blocks; matmul.cc's
+// threshold comment), where matmul.cc uses it. No XLA:CPU option reaches MKL for a plain dot.
 //
-// Threads: one (MKL and OpenMP), on the XLA thread that runs the call. An OpenMP team of two inside
-// the program waits for its second thread behind XLA's pool and other processes: alternated
-// processes at load ~3, ms per call wall / CPU, one thread vs two: [512,256]x[256,1024] 6.6 / 6.6 vs
-// 20.4 / 14.3, [256,256]x[256,256] 0.49 / 0.49 vs 6.4 / 5.1, [32,256]x[256,256] 0.09 vs 0.76-15
-// (matmul.cc's threshold comment has the XLA side). Same finding as the host convolution.
+// Threads: the product is cut into blocks of the output (batch entries, rows, or columns when the
+// rows are few), each a one-thread MKL GEMM, run by run_tasks (ffi_common.h) on the XLA thread that
+// runs the call and one inter-op pool thread, without an OpenMP team: a team of two inside the
+// program waits for its second thread behind XLA's pool and other processes (alternated processes
+// at load ~3, [512,256]x[256,1024]: one thread 6.6 ms, an OpenMP team of two 20.4 ms), while on a
+// quiet machine one thread loses to XLA's dot on both cores at the HF model shapes (session 8).
+// Small products run on the caller alone (kSoloMacs). TORCH_TPU_HOST_GEMM_THREADS=n caps the
+// threads (A/B measurements).
 #if __has_include("xla/ffi/api/ffi.h")
+#include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/addmm_cpu_dispatch.h>
 #include <ATen/ops/baddbmm_cpu_dispatch.h>
@@ -22,8 +26,11 @@
 
 #include "ffi_common.h"
 
+#include <algorithm>
+#include <cstdlib>
 #include <exception>
 #include <string>
+#include <utility>
 
 #include "lowering/host_gemm.h"
 #include "runtime/ffi_kernels.h"
@@ -34,23 +41,72 @@ namespace ffi = xla::ffi;
 
 using ffi_buffers::wrap;
 
+// Below kSoloMacs multiply-adds (~80 us of one thread's f32 GEMM) a call runs on the caller alone:
+// waking the helper costs ~40 us (ffi_kernels.cc's threshold, measured for the ragged dot).
+constexpr int64_t kSoloMacs = int64_t{1} << 22;
+
+int64_t gemm_threads(int64_t macs) {
+  static const int64_t cap = [] {
+    const char* env = std::getenv("TORCH_TPU_HOST_GEMM_THREADS");
+    return env ? std::max<int64_t>(1, std::atoll(env)) : int64_t{1} << 30;
+  }();
+  if (at::in_parallel_region() || macs < kSoloMacs) return 1;
+  return std::min<int64_t>(cap, at::get_num_threads());
+}
+
+// [begin, end) of part p of `parts` over `len` elements, boundaries on multiples of `align`.
+std::pair<int64_t, int64_t> part_range(int64_t len, int64_t parts, int64_t p, int64_t align) {
+  const int64_t step = (len + parts - 1) / parts, a = (step + align - 1) / align * align;
+  return {std::min(len, p * a), p + 1 == parts ? len : std::min(len, (p + 1) * a)};
+}
+
+// y (= beta * c +) alpha * x w for one block: rank-2 or rank-3 views of the call's buffers.
+void block_gemm(at::Tensor y, const at::Tensor& c, const at::Tensor& x, const at::Tensor& w, bool has_c,
+                double alpha, double beta) {
+  if (y.dim() == 2) {
+    if (has_c) at::cpu::addmm_out(y, c, x, w, beta, alpha);
+    else at::cpu::mm_out(y, x, w);
+  } else {
+    if (has_c) at::cpu::baddbmm_out(y, c, x, w, beta, alpha);
+    else at::cpu::bmm_out(y, x, w);
+  }
+}
+
 ffi::Error host_gemm(ffi::AnyBuffer a, ffi::AnyBuffer b, ffi::AnyBuffer c, ffi::Result<ffi::AnyBuffer> out,
                      int64_t trans_a, int64_t trans_b, int64_t has_c, double alpha, double beta) {
   try {
     c10::InferenceMode no_autograd;
-    ffi_buffers::OmpThreads team(1);
     at::Tensor x = wrap(a), w = wrap(b), y = wrap(*out);
     if (trans_a) x = x.transpose(-2, -1);
     if (trans_b) w = w.transpose(-2, -1);
     TORCH_CHECK(x.dim() == y.dim() && w.dim() == y.dim() && (y.dim() == 2 || y.dim() == 3), "operand ranks ",
                 x.dim(), ", ", w.dim(), " for a rank-", y.dim(), " result");
-    if (y.dim() == 2) {
-      if (has_c) at::cpu::addmm_out(y, wrap(c), x, w, beta, alpha);
-      else at::cpu::mm_out(y, x, w);
-    } else {
-      if (has_c) at::cpu::baddbmm_out(y, wrap(c), x, w, beta, alpha);
-      else at::cpu::bmm_out(y, x, w);
+    // The addend as a (stride-0 where broadcast) view of the output's shape, so a block is a slice.
+    at::Tensor z = has_c ? wrap(c).expand(y.sizes()) : at::Tensor();
+    const int64_t r = y.dim(), batch = r == 3 ? y.size(0) : 1, m = y.size(r - 2), n = y.size(r - 1);
+    const int64_t threads = gemm_threads(batch * m * x.size(r - 1) * n);
+    // Blocks: whole batch entries when there are enough, else rows; columns when the rows are few
+    // (a decode step's Linear: the weight is the big operand, and each thread then reads half of it).
+    // MKL keeps its small-matrix kernels for a block of >= 16 rows or columns.
+    int dim = -1;
+    int64_t align = 1;
+    if (threads > 1 && batch >= threads) {
+      dim = 0;
+    } else if (threads > 1 && m >= n && m >= 16 * threads) {
+      dim = r - 2, align = 8;
+    } else if (threads > 1 && n >= 16 * threads) {
+      dim = r - 1, align = 16;
     }
+    const int64_t len = dim < 0 ? 1 : y.size(dim), parts = dim < 0 ? 1 : std::min(threads, len);
+    run_tasks(parts, threads, [&](int64_t p) {
+      c10::InferenceMode on_this_thread;  // the blocks are views of inference tensors (a pool thread too)
+      if (dim < 0) return block_gemm(y, z, x, w, has_c, alpha, beta);
+      const auto [s, e] = part_range(len, parts, p, align);
+      if (s >= e) return;
+      const int64_t xd = dim == r - 1 ? -1 : dim, wd = dim == r - 2 ? -1 : dim;  // -1: whole operand
+      block_gemm(y.narrow(dim, s, e - s), has_c ? z.narrow(dim, s, e - s) : z,
+                 xd < 0 ? x : x.narrow(xd, s, e - s), wd < 0 ? w : w.narrow(wd, s, e - s), has_c, alpha, beta);
+    });
   } catch (const std::exception& ex) {
     return ffi::Error(ffi::ErrorCode::kInternal, std::string("torch_tpu.gemm: ") + ex.what());
   }

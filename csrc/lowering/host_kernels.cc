@@ -7,10 +7,10 @@
 
 namespace tpu::lowering {
 namespace {
-// The host GEMM starts off: on a quiet 2-core machine its one MKL thread loses to XLA's dot on both
-// cores at the HF model shapes (session 8: llama forward 70-99 -> 144-148 ms); it wins only for
-// few-row products. Two threads inside the call need a split without an OpenMP team (next step).
-std::array<std::atomic<bool>, kHostKernelKinds> kind_on{true, false};
+// Both kinds start on. The host GEMM (two threads since session 9) takes few-row products only
+// (matmul.cc's threshold comment); with one thread, on the quiet machine, it lost to XLA's two-core
+// dot at the HF models' many-row shapes (session 8: llama forward 70-99 -> 144-148 ms).
+std::array<std::atomic<bool>, kHostKernelKinds> kind_on{true, true};
 }  // namespace
 
 void set_host_kernel_enabled(HostKernel kind, bool enabled) { kind_on.at(static_cast<int>(kind)) = enabled; }

@@ -136,20 +136,24 @@ std::optional<Value> host_product(Builder& b, const OpCall& c, Value l, Value r,
 
 }  // namespace
 
-// When the host GEMM beats XLA's dot. Strict-eager x @ w.t() (a Linear), one program each; median
-// ms per call, XLA dot / host GEMM (one thread). Alternated processes at load ~3, wall:
-// [4,256]x[256,256] 0.14-0.17 / 0.04-0.06; [64,64]x[64,64] 0.04-0.05 / 0.03; [64,256]x[256,256]
-// 0.59-0.60 / 0.14-0.17; [8,256]x[256,1024] 0.85 / 0.16-0.17; [512,256]x[256,256] 1.39-1.61 /
-// 1.07-1.17; [512,256]x[256,1024] 5.2-5.8 / 5.7-6.6; [512,1024]x[1024,256] 6.4-6.6 / 4.7-6.5;
-// bmm [16,128,64]x[16,64,128] 1.08-1.12 / 0.70-1.05; [1024]^3 44.7-45.1 / 34.8-53.7. One process,
-// both programs alternated, load ~11, process CPU: [16,256]x[256,256] 0.56 / 0.18, [64,256]x[256,256]
-// 0.73 / 0.38, [128,512]x[512,1376] 8.8 / 6.5, [128,1376]x[1376,512] 6.4 / 5.4, [512,1024]x[1024,256]
-// 8.0 / 6.7, but [512,256]x[256,256|768|1024] 1.9 / 2.2, 4.4 / 5.4, 6.3 / 6.8 (wall there favours
-// XLA's two threads, which get two shares of a loaded machine). One-row products (GEMVs,
-// [1,256]x[256,1024]: 0.07-0.08 either way) stay XLA's. Below 2^18 multiply-adds a call is tens of
-// microseconds either way.
+// When the host GEMM beats XLA's dot. Session 9 (aten/ffi_gemm.cc on two threads from 2^22
+// multiply-adds), F.linear(x, w, b) at bench_models_hf's shapes, strict eager, alternated processes
+// (XLA dot / host GEMM one thread / two threads), ms wall at load 5-8, two rounds:
+// few rows, the host GEMM wins at every load: [128,256]x[256,1024] 3.2-6.1 / 1.9-4.9 / 1.5-3.5,
+// [128,1024]x[1024,256] 3.7-7.3 / 1.9-2.7 / 1.6-3.0, [64,256]x[256,256] 0.8-1.5 / 0.3-0.7 / 0.4-0.5,
+// [16,256]x[256,1024] 1.0-2.0 / 0.5-1.0 / 0.4-1.0, bmm [16,128,64]x[16,64,128] 1.7-4.1 / 1.6-2.2 /
+// 1.2-2.5. Many rows (a whole batch's tokens), mixed: [512,256]x[256,1024] 9.6-13.7 / 6.8-12.7 /
+// 7.9-16.9, [580,256]x[256,1024] 9.7-13.3 / 9.3-20.8 / 8.4-17.2, [512,1024]x[1024,256] 7.0-15.7 /
+// 6.7-13.9 / 8.0-17.2; on a quiet machine XLA's dot runs there on both cores (session 8:
+// [512,256]x[256,1024] 2.9 ms against one MKL thread's 4.6, PyTorch's two threads 2.45). So the host
+// GEMM takes products of at most kHostGemmMaxRows rows (per batch entry): a decode step's or a short
+// decoder's Linears and attention products. Session 8 (one thread), load ~3, XLA / host:
+// [4,256]x[256,256] 0.14-0.17 / 0.04-0.06; [8,256]x[256,1024] 0.85 / 0.16-0.17. One-row products
+// (GEMVs, [1,256]x[256,1024]: 0.07-0.08 either way) stay XLA's. Below 2^18 multiply-adds a call is
+// tens of microseconds either way. "always" (host_kernels_any_size) takes every product.
 constexpr int64_t kHostGemmMinMacs = int64_t{1} << 18;
 constexpr int64_t kHostGemmMinRows = 2;
+constexpr int64_t kHostGemmMaxRows = 128;
 
 namespace {
 thread_local bool host_gemm_off = false;
@@ -161,7 +165,8 @@ HostGemmOff::~HostGemmOff() { host_gemm_off = prev_; }
 bool host_gemm_wanted(ElemType t, int64_t batch, int64_t m, int64_t k, int64_t n) {
   if (host_gemm_off || t != ElemType::F32 || batch <= 0 || m <= 0 || k <= 0 || n <= 0) return false;
   if (!host_kernel_enabled(HostKernel::Gemm)) return false;
-  return host_kernels_any_size() || (m >= kHostGemmMinRows && batch * m * k * n >= kHostGemmMinMacs);
+  return host_kernels_any_size() ||
+         (m >= kHostGemmMinRows && m <= kHostGemmMaxRows && batch * m * k * n >= kHostGemmMinMacs);
 }
 
 TPU_LOWER(mm) {
