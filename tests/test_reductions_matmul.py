@@ -552,5 +552,5 @@ def test_means_of_rows_with_inf_and_nan_like_cpu():
     for fn in (lambda t: t.mean(-1), lambda t: t.mean(0), lambda t: torch.var_mean(t, -1),
                lambda t: F.layer_norm(t, (8,))):
         ref, got = fn(x), fn(x.to("tpu"))
-        for r, g in zip(ref if isinstance(ref, tuple) else (ref,), got if isinstance(got, tuple) else (got,)):
+        for r, g in zip(ref if isinstance(ref, tuple) else (ref,), got if isinstance(got, tuple) else (got,), strict=True):
             torch.testing.assert_close(g.cpu(), r, equal_nan=True)
