@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import atexit
+import contextlib
 import os
 import shutil
 import subprocess
@@ -20,9 +21,12 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # PyTorch's compile caches (AOTAutogradCache, FX graph cache, Dynamo packages) start empty in each
 # test session, as on a clean machine: otherwise entries an earlier run left in
 # /tmp/torchinductor_<user> serve the graphs, and tests that look at what the backend builds see
-# nothing built. An explicit TORCHINDUCTOR_CACHE_DIR is kept.
-if not os.environ.get("TORCHINDUCTOR_CACHE_DIR"):
-    _INDUCTOR_DIR = tempfile.mkdtemp(prefix="torch_tpu_tests_inductor_")
+# nothing built. An explicit TORCHINDUCTOR_CACHE_DIR is kept; pytest-xdist workers inherit their
+# controller's directory and take one each (else one worker's entries would serve the other's graphs).
+_PREFIX = "torch_tpu_tests_inductor_"
+_inherited = os.path.basename(os.environ.get("TORCHINDUCTOR_CACHE_DIR", "")).startswith(_PREFIX)
+if not os.environ.get("TORCHINDUCTOR_CACHE_DIR") or (_inherited and os.environ.get("PYTEST_XDIST_WORKER")):
+    _INDUCTOR_DIR = tempfile.mkdtemp(prefix=_PREFIX)
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = _INDUCTOR_DIR
     atexit.register(shutil.rmtree, _INDUCTOR_DIR, ignore_errors=True)
 
@@ -34,6 +38,18 @@ def run_python(code: str, env: dict[str, str] | None = None, timeout: int = 300)
     return subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, env=full_env, timeout=timeout, cwd=REPO
     )
+
+
+@contextlib.contextmanager
+def warn_always() -> Iterator[None]:
+    """torch.set_warn_always(True) for the block: warnings PyTorch (and torch_tpu's fallback) give
+    once per process fire again, whichever test in this worker process triggered them first."""
+    before = torch.is_warn_always_enabled()
+    torch.set_warn_always(True)
+    try:
+        yield
+    finally:
+        torch.set_warn_always(before)
 
 
 @pytest.fixture

@@ -13,6 +13,8 @@ import torch
 import torch.nn.functional as F
 import torch_tpu
 
+from tests.conftest import warn_always
+
 
 @pytest.fixture
 def no_fallback():
@@ -334,7 +336,7 @@ def test_cholesky_like_cpu(no_fallback: None) -> None:
     with pytest.raises(torch.linalg.LinAlgError, match=r"^linalg.cholesky: \(Batch element 1\): The factorization could not"
                        r" be completed because the input is not positive-definite \(the leading minor of order 2 is not"):
         torch.linalg.cholesky(torch.stack([torch.eye(3), bad]).to("tpu"))
-    with pytest.warns(UserWarning, match="deprecated"):
+    with pytest.warns(UserWarning, match="deprecated"), warn_always():  # ATen warns once per process
         torch.testing.assert_close(torch.cholesky(At[0]).cpu(), torch.cholesky(A[0]))
     with pytest.raises(torch.linalg.LinAlgError, match=r"^cholesky: The factorization .* minor of order 2 is"):
         torch.cholesky(bad.to("tpu"))

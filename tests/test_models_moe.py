@@ -62,7 +62,7 @@ class OpCounter(TorchDispatchMode):
 def test_moe_model_float32(kind: str) -> None:
     model = build(kind)
     assert model.config._experts_implementation == "grouped_mm"
-    rep = check_model(kind, model, batch(), lambda out: out.loss, steps=20)
+    rep = check_model(kind, model, batch(), lambda out: out.loss, steps=8)  # CPU side: ~0.75 s a step
     print(f"{kind}: fwd_err={rep.fwd_max_err:.3g} (ref {rep.fwd_max_ref:.3g}) grad_err={rep.grad_max_err:.3g} "
           f"(ref {rep.grad_max_ref:.3g}) loss_dev={rep.loss_curve_max_dev:.3g} fallbacks={rep.fallbacks} "
           f"host_syncs/fwd={rep.host_syncs_per_forward}")

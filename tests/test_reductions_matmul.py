@@ -542,3 +542,15 @@ def test_mse_loss(reduction):
     grad_check(lambda x, y: F.mse_loss(x, y, reduction=reduction), [a, b])
     check(lambda x, y: F.mse_loss(x, y, reduction=reduction), rand((4, 5), torch.bfloat16),
           rand((4, 5), torch.bfloat16, seed=1))
+
+
+def test_means_of_rows_with_inf_and_nan_like_cpu():
+    # mean / var / layer norm shift each row by its first element for precision (shape_util.h
+    # row_mean); a non-finite first element must not turn an inf mean into nan.
+    x = torch.randn(5, 8)
+    x[0, 0], x[1, 3], x[2, 0], x[3, 0], x[3, 1] = float("inf"), float("-inf"), float("nan"), float("inf"), -float("inf")
+    for fn in (lambda t: t.mean(-1), lambda t: t.mean(0), lambda t: torch.var_mean(t, -1),
+               lambda t: F.layer_norm(t, (8,))):
+        ref, got = fn(x), fn(x.to("tpu"))
+        for r, g in zip(ref if isinstance(ref, tuple) else (ref,), got if isinstance(got, tuple) else (got,), strict=True):
+            torch.testing.assert_close(g.cpu(), r, equal_nan=True)

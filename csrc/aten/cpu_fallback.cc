@@ -67,7 +67,8 @@ void cpu_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack, const
     std::lock_guard<std::mutex> lock(stats_mu);
     fallback_counts()[name]++;
     fallback_reasons()[name] = reason;
-    warn = warned().insert(name).second;
+    // Once per op, as TORCH_WARN_ONCE; every time under torch.set_warn_always(True), as it.
+    warn = warned().insert(name).second || c10::WarningUtils::get_warnAlways();
   }
   if (warn) {
     TORCH_WARN("torch_tpu: '", name, "' runs on the CPU (", reason,

@@ -20,13 +20,6 @@ Shape keep_shape(const Shape& s, const std::vector<int64_t>& dims) {
   return r;
 }
 
-Shape drop_shape(const Shape& s, const std::vector<int64_t>& dims) {
-  Shape r;
-  for (int64_t i = 0; i < static_cast<int64_t>(s.size()); ++i)
-    if (!contains(dims, i)) r.push_back(s[i]);
-  return r;
-}
-
 int64_t numel_of(const Shape& s, const std::vector<int64_t>& dims) {
   int64_t n = 1;
   for (int64_t d : dims) n *= s[d];
@@ -151,7 +144,7 @@ TPU_LOWER(native_layer_norm) {
   const NormOperands no(b, c);
   const auto& [t, x, go, s, axis, dims, outer, n] = no;
   double eps = c.double_("eps");
-  Value mean = b.div(row_sum_keep(b, x, dims), const_f(b, static_cast<double>(n), t, s));
+  Value mean = b.broadcast_to(b.reshape(row_mean(b, x, dims, n), keep_shape(s, dims)), s);
   Value d = b.sub(x, mean);
   Value var = b.div(row_sum_keep(b, b.mul(d, d), dims), const_f(b, static_cast<double>(n), t, s));
   Value rstd = b.rsqrt(b.add(var, const_f(b, eps, t, s)));

@@ -133,10 +133,7 @@ TPU_LOWER(mean) {
   Value x = c.tensor("self");
   if (!shlo::is_float(o.elem)) throw Unsupported("mean: non-float output");
   auto dims = reduce_dims(c, "dim", x.rank());
-  ElemType t = acc_type(o.elem);
-  Value s = row_sum(b, input_as(b, x, o.elem), dims);
-  int64_t n = reduced_numel(x.shape(), dims);
-  return {fit(b, b.div(s, b.constant_f(static_cast<double>(n), t, s.shape())), o)};
+  return {fit(b, row_mean(b, input_as(b, x, o.elem), dims, reduced_numel(x.shape(), dims)), o)};
 }
 
 TPU_LOWER(prod) {
@@ -220,8 +217,7 @@ static std::pair<Value, Value> var_mean_impl(Builder& b, const OpCall& c, ElemTy
   auto dims = reduce_dims(c, "dim", x.rank());
   int64_t n = reduced_numel(x.shape(), dims);
   // row_sum: one GEMV when dims are the trailing dims of short f32/f64 rows (shape_util.h).
-  Value mean = b.div(row_sum(b, x, dims), b.constant_f(static_cast<double>(n), t,
-                                                    reduced_shape(x.shape(), dims, false)));
+  Value mean = row_mean(b, x, dims, n);
   Value d = b.sub(x, expand_back(b, mean, x.shape(), dims));
   Value ss = row_sum(b, b.mul(d, d), dims);
   Value corr;
@@ -230,6 +226,9 @@ static std::pair<Value, Value> var_mean_impl(Builder& b, const OpCall& c, ElemTy
   else corr = b.constant_f(1.0, t);
   Value denom = b.max(b.sub(b.constant_f(static_cast<double>(n), t), corr), b.constant_f(0.0, t));
   Value var = b.div(ss, b.broadcast_to(denom, ss.shape()));
+  // ATen's Welford update makes the mean of a row holding inf nan (inf - inf); the squares'
+  // sum is nan exactly for those rows and rows holding nan.
+  mean = b.select(b.compare(Cmp::NE, ss, ss), ss, mean);
   return {var, mean};
 }
 

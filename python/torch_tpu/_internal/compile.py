@@ -26,7 +26,7 @@ import torch
 import torch.fx
 
 from torch_tpu import _C
-from torch_tpu._internal import compile_meta, dynamic_shapes, graph_passes, xla_options
+from torch_tpu._internal import compile_meta, graph_passes, xla_options
 
 _DTYPE_INDEX = {
     torch.uint8: 0, torch.int8: 1, torch.int16: 2, torch.int32: 3, torch.int64: 4, torch.float16: 5,
@@ -567,6 +567,9 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any],
             STATS[k] += v
     xla = xla_options.encode({**graph_defaults(), **(options or {}), **xla_options.current()})
     host = next((n for n in gm.graph.nodes if n.op == "call_function" and _touches_host(n)), None)
+    # Imported here: it pulls in sympy (~1.4 s) that `import torch` (autoloading torch_tpu) must not pay.
+    from torch_tpu._internal import dynamic_shapes
+
     if dynamic_shapes.is_dynamic(gm) and host is not None:  # buckets cannot pad CPU work: correct, op by op
         STATS["eager_graphs"] += 1
         warnings.warn(f"torch_tpu: dynamic graph with CPU tensors ({host.target}) runs op by op in eager mode",
