@@ -5,13 +5,12 @@
 // not fit the generic path: the first returns () and mutates a TensorList, the second mutates
 // growth_tracker without returning it. Semantics follow PyTorch's CPU kernels exactly.
 #include "lowering.h"
+#include "shape_util.h"
 
 namespace tpu::lowering {
 
 namespace {
 // A 1-element tensor as a 0-d value of element type t.
-Value is_finite(Builder& b, Value x) { return b.op("is_finite", {x}, Type{ElemType::Pred, x.shape()}); }
-
 Value scalar_of(Builder& b, Value v, ElemType t) {
   if (v.type.numel() != 1) throw Unsupported("amp: expected a 1-element tensor");
   return b.convert(b.reshape(v, {}), t);

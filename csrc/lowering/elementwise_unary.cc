@@ -10,6 +10,7 @@
 
 #include "elementwise_math.h"
 #include "lowering.h"
+#include "shape_util.h"
 
 namespace tpu::lowering::ew {
 
@@ -509,7 +510,7 @@ TPU_LOWER_ELEMENTWISE(isneginf) {
 TPU_LOWER_ELEMENTWISE(isfinite) {
   Value x = input_as(b, c, "self", c.common);
   if (!is_float(x.elem())) return {b.constant_i(1, ElemType::Pred, x.shape())};
-  return {b.op("is_finite", {x}, Type{ElemType::Pred, x.shape()})};
+  return {is_finite(b, x)};
 }
 TPU_LOWER_ELEMENTWISE(nan_to_num) {
   Value x = input_as(b, c, "self", c.common);  // native dtype, so the finite extremes are exact

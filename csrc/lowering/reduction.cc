@@ -381,7 +381,7 @@ TPU_LOWER(_logcumsumexp) {
     Value y = b.pad(b.slice(x, start, limit), neg_inf, lo, hi);
     Value mn = ew::nan_min(b, x, y), mx = ew::nan_max(b, x, y);
     Value r = b.add(mx, ew::log1p(b, b.exp(b.sub(mn, mx))));
-    Value finite = b.op("is_finite", {mn}, Type{ElemType::Pred, mn.shape()});
+    Value finite = is_finite(b, mn);
     Value equal_infs = b.and_(ew::eq(b, mn, mx), b.not_(finite));
     x = b.select(equal_infs, x, r);
   }

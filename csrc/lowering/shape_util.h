@@ -19,6 +19,9 @@ inline Value fit(Builder& b, Value v, const Type& o) {
   return v;
 }
 
+// stablehlo.is_finite: true where x is neither inf nor nan.
+inline Value is_finite(Builder& b, Value x) { return b.op("is_finite", {x}, Type{ElemType::Pred, x.shape()}); }
+
 // Sum over `dims`, which are dropped from the shape.
 inline Value sum_drop(Builder& b, Value x, const std::vector<int64_t>& dims) {
   return b.reduce(x, b.constant_i(0, x.elem()), dims, "add");
@@ -70,7 +73,7 @@ inline Value row_mean(Builder& b, Value x, const std::vector<int64_t>& dims, int
   Value count = b.constant_f(static_cast<double>(n), x.elem(), dropped);
   if (x.rank() == 0 || x.type.numel() == 0 || dims.empty()) return b.div(row_sum(b, x, dims), count);
   Value first = b.slice(x, Shape(x.shape().size(), 0), kept);
-  Value finite = b.op("is_finite", {first}, Type{ElemType::Pred, first.shape()});
+  Value finite = is_finite(b, first);
   Value shift = b.select(finite, first, b.constant_f(0.0, x.elem(), kept));
   Value rest = b.div(row_sum(b, b.sub(x, b.broadcast_to(shift, x.shape())), dims), count);
   return b.add(b.reshape(shift, dropped), rest);
