@@ -8,6 +8,10 @@ STAMP := $(VENV)/.deps-installed-v4
 # The venv's bin (pip's ninja) is on PATH too, for machines without Debian's ninja-build.
 export PATH := $(if $(wildcard /usr/lib/ccache/g++),/usr/lib/ccache:,)$(CURDIR)/$(VENV)/bin:$(PATH)
 export CXX := g++
+# Paths relative to the checkout in ccache's key: another clone or worktree of the project hits the same
+# cache entries (NOHASHDIR: -g would otherwise hash the working directory into every key).
+export CCACHE_BASEDIR ?= $(CURDIR)
+export CCACHE_NOHASHDIR ?= 1
 export CC := gcc
 export MAX_JOBS ?= 2
 export HF_HUB_OFFLINE := 1

@@ -40,11 +40,17 @@ def test_freed_device_memory_is_reused_without_page_faults() -> None:
         torch.tpu.synchronize()
         del ys
 
+    def faults_of_one_round() -> int:
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+        round_of_temporaries()
+        return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+
     for _ in range(2):
         round_of_temporaries()
-    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-    for _ in range(3):
-        round_of_temporaries()
-    assert (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before) / 3 < 0.2 * 16384
+    # RUSAGE_SELF counts every thread of the process (a pytest-xdist worker's too), so a stray burst
+    # of faults elsewhere can land in one round: judge the median round. A trimmed heap faults all
+    # 16,384 pages back in every round, so the median still catches it.
+    faults = sorted(faults_of_one_round() for _ in range(5))
+    assert faults[2] < 0.2 * 16384, faults
     torch.tpu.empty_cache()  # returns the kept memory (malloc_trim)
     assert torch.equal((x * 2).cpu(), x.cpu() * 2)
