@@ -447,3 +447,40 @@ def test_modified_bessel_like_cpu(no_fallback: None) -> None:
             fn(a).sum().backward()
             grads.append(a.grad.cpu())
         torch.testing.assert_close(grads[1], grads[0])
+
+
+def test_weight_norm_forward_and_grads_like_cpu(no_fallback: None) -> None:
+    # torch.nn.utils weight norm (wav2vec2's positional conv, vocoders): ATen's fused kernel over
+    # the first or the last dim, values and both gradients; float32 and bfloat16 (float32 norms).
+    g = torch.Generator().manual_seed(0)
+    for dtype, tol in ((torch.float32, dict(rtol=1e-5, atol=1e-6)), (torch.bfloat16, dict(rtol=2e-2, atol=2e-2))):
+        for dim, gshape in ((0, (6, 1, 1)), (2, (1, 1, 5))):
+            v = torch.randn(6, 4, 5, generator=g).to(dtype)
+            gv = torch.randn(gshape, generator=g).to(dtype)
+            up = torch.randn(6, 4, 5, generator=g).to(dtype)
+            res = []
+            for dev in ("cpu", "tpu"):
+                vi, gi = v.to(dev).detach().requires_grad_(), gv.to(dev).detach().requires_grad_()
+                w, norm = torch._weight_norm_interface(vi, gi, dim)
+                w.backward(up.to(dev))
+                res.append([t.detach().cpu() for t in (w, norm, vi.grad, gi.grad)])
+            for got, exp in zip(res[1], res[0], strict=True):
+                assert got.dtype == exp.dtype and got.shape == exp.shape
+                torch.testing.assert_close(got.float(), exp.float(), **tol)
+    conv = torch.nn.utils.parametrizations.weight_norm(torch.nn.Conv1d(4, 4, 3, groups=2), dim=2)
+    x = torch.randn(2, 4, 9, generator=g)
+    conv_t = torch.nn.utils.parametrizations.weight_norm(torch.nn.Conv1d(4, 4, 3, groups=2), dim=2).to("tpu")
+    conv_t.load_state_dict(conv.state_dict())
+    conv(x).square().sum().backward()
+    conv_t(x.to("tpu")).square().sum().backward()
+    for (name, p), pt in zip(conv.named_parameters(), conv_t.parameters(), strict=True):
+        torch.testing.assert_close(pt.grad.cpu(), p.grad, rtol=1e-5, atol=1e-5, msg=name)
+
+
+def test_weight_norm_over_a_middle_dim_raises_like_cpu() -> None:
+    v, gv = torch.randn(3, 4, 5), torch.randn(1, 4, 1)
+    with pytest.raises(RuntimeError, match="first or last dim"):
+        torch._weight_norm_interface(v, gv, 1)
+    with pytest.raises(RuntimeError, match="first or last dim"):
+        torch._weight_norm_interface(v.to("tpu"), gv.to("tpu"), 1)
+    torch.testing.assert_close(torch._weight_norm(v.to("tpu"), gv.to("tpu"), 1).cpu(), torch._weight_norm(v, gv, 1))

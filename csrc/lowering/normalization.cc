@@ -1,5 +1,5 @@
 // Normalizations: softmax / log_softmax (+ backward), layer norm (+ backward), group norm
-// (+ backward), fused RMS norm (+ backward); and embedding_dense_backward.
+// (+ backward), fused RMS norm (+ backward), weight norm (+ backward); and embedding_dense_backward.
 //
 // All math runs in opmath (f16/bf16 -> f32); the runtime converts results to the output dtypes
 // PyTorch's meta functions chose.
@@ -277,6 +277,51 @@ TPU_LOWER(_fused_rms_norm_backward) {
     res.push_back(fit(b, sum_drop(b, b.mul(go, xhat), outer), out_type(c, 1)));
   else res.push_back(undefined_out(b, c, 1));
   return res;
+}
+
+// ------------------------------------------------------------------ weight norm
+// w = v * (g / ||v||), the norm over every dim but `dim` (torch.nn.utils.weight_norm: wav2vec2's
+// positional conv, HiFi-GAN vocoders). ATen's fused CPU kernels take the first or last dim only and
+// raise otherwise: other dims stay with the CPU fallback, which raises the same error.
+namespace {
+struct WeightNormOperands {
+  WeightNormOperands(Builder& b, const OpCall& c, const char* v_name, const char* g_name)
+      : t(opmath(c.tensor(v_name).elem())), v(b.convert(c.tensor(v_name), t)), g(b.convert(c.tensor(g_name), t)) {
+    const int64_t rank = v.rank(), dim = c.int_("dim");
+    if (rank == 0 || (dim != 0 && dim != rank - 1)) throw Unsupported("weight norm over a middle dim");
+    for (int64_t i = 0; i < rank; ++i)
+      if (i != dim) others.push_back(i);
+    kept = keep_shape(v.shape(), others);
+    g = b.reshape(g, kept);  // g holds one value per slice of `dim` (the same count as kept)
+  }
+  // A per-slice value (shape `kept`) broadcast over v.
+  Value spread(Builder& b, Value x) const { return b.broadcast_to(x, v.shape()); }
+  Value sum_kept(Builder& b, Value x) const { return b.reshape(sum_drop(b, x, others), kept); }
+  ElemType t;
+  Value v, g;
+  std::vector<int64_t> others;
+  Shape kept;
+};
+}  // namespace
+
+TPU_LOWER(_weight_norm_interface) {
+  const WeightNormOperands o(b, c, "v", "g");
+  Value norm = b.sqrt(o.sum_kept(b, b.mul(o.v, o.v)));
+  Value w = b.mul(o.v, o.spread(b, b.div(o.g, norm)));
+  return {w, fit(b, norm, out_type(c, 1))};
+}
+
+// grad_v = (g/n) grad_w - (g/n) (sum(grad_w v) / n^2) v, grad_g = sum(grad_w v) / n, the sums per
+// slice of `dim`, as ATen's CPU kernel.
+TPU_LOWER(_weight_norm_interface_backward) {
+  const WeightNormOperands o(b, c, "saved_v", "saved_g");
+  Value gw = b.convert(c.tensor("grad_w"), o.t);
+  Value norm = b.reshape(b.convert(c.tensor("saved_norms"), o.t), o.kept);
+  Value dot = o.sum_kept(b, b.mul(gw, o.v));
+  Value a = b.div(o.g, norm);
+  Value coef = b.div(b.mul(a, dot), b.mul(norm, norm));
+  Value grad_v = b.sub(b.mul(o.spread(b, a), gw), b.mul(o.spread(b, coef), o.v));
+  return {grad_v, fit(b, b.div(dot, norm), out_type(c, 1))};
 }
 
 // ------------------------------------------------------------------ embedding backward
