@@ -291,6 +291,9 @@ PYBIND11_MODULE(_C, m) {
       d[tpu::runtime::flush_reason_name(static_cast<tpu::runtime::FlushReason>(i))] = counts[i];
     return d;
   });
+  m.def("_set_fused_program_options", [](const py::bytes& options) {
+    tpu::runtime::set_fused_program_options(options);
+  }, py::arg("options"));
   m.def("_synchronize", [] {
     py::gil_scoped_release nogil;
     tpu::aten::fused_flush(tpu::runtime::FlushReason::Synchronize);

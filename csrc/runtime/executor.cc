@@ -314,13 +314,21 @@ bool split_small_programs() {
 // PyTorch rounds every op's result; XLA:CPU contracts one op's multiply into the next op's add
 // (FMA). TORCH_TPU_FUSED_FMA=0 compiles fused programs without FMA (pjrt::no_fma_compile_options)
 // for CPU-exact rounding; not the default: the 64x4096 GELU block runs ~1.5x slower without it.
-const std::string& fused_compile_options() {
-  static const std::string none;
-  static const bool no_fma = [] {
+// Then the options set by set_fused_program_options (compiled graphs' defaults).
+std::string& fused_options_storage() {
+  static std::string opts = [] {
     const char* v = std::getenv("TORCH_TPU_FUSED_FMA");
-    return v && std::string(v) == "0";
+    return v && std::string(v) == "0" ? pjrt::no_fma_compile_options() : std::string();
   }();
-  return no_fma ? pjrt::no_fma_compile_options() : none;
+  return opts;
+}
+std::mutex& fused_options_mu() {
+  static std::mutex mu;
+  return mu;
+}
+std::string fused_compile_options() {
+  std::lock_guard<std::mutex> lock(fused_options_mu());
+  return fused_options_storage();
 }
 
 int64_t op_flops(const Plan& plan) {
@@ -537,6 +545,12 @@ void fused_flush(FlushReason why) {
   Pending& p = pending();
   std::lock_guard<std::mutex> lock(p.mu);
   flush_locked(p, why);
+}
+
+void set_fused_program_options(const std::string& options) {
+  static const std::string base = fused_compile_options();  // TORCH_TPU_FUSED_FMA's part
+  std::lock_guard<std::mutex> lock(fused_options_mu());
+  fused_options_storage() = base + options;
 }
 
 const char* flush_reason_name(FlushReason r) {

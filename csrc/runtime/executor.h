@@ -69,6 +69,9 @@ enum class FlushReason : int {
   kCount
 };
 const char* flush_reason_name(FlushReason r);
+// Serialized xla.CompileOptionsProto fields every fused program is compiled with from now on
+// (after TORCH_TPU_FUSED_FMA's); Python sets compiled graphs' defaults (compile.graph_defaults).
+void set_fused_program_options(const std::string& options);
 std::vector<int64_t> fused_flush_counts();  // indexed by FlushReason
 void fused_flush(FlushReason why = FlushReason::Other);
 void fused_forget(StorageState* st);

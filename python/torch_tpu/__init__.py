@@ -106,6 +106,11 @@ def _autoload() -> None:
 
     tpu_compile.install_default_backend_routing()
     execution_mode._init_from_env()
+    # A fused-eager program is a whole program like a compiled graph: the same default XLA
+    # options (512-bit vectors on AVX-512 hosts; docs/compile.md "Default options").
+    from torch_tpu._internal import xla_options
+
+    _C._set_fused_program_options(xla_options.encode(tpu_compile.graph_defaults()))
 
     # c10d backends "tpu_dist"/"tpu": cheap (torch.distributed is already imported by torch).
     if _torch.distributed.is_available():
