@@ -97,6 +97,31 @@ def test_small_integral_scalars_are_constants_other_values_operands() -> None:
     assert _served() - before == 1
 
 
+def test_python_scalars_of_tensor_overloads_follow_the_constant_table() -> None:
+    # `x + 1` passes 1 to add.Tensor as a wrapped-number CPU tensor: a table value is a program
+    # constant as for a Scalar argument (one program per value, one launch argument less), any
+    # other value an operand (one program for all). 3 stays an operand here: XLA turns x / 3 into
+    # x * (1/3), which is not CPU's division.
+    xc = torch.randn(4096, generator=torch.Generator().manual_seed(1)) * 10
+    x = xc.to("tpu")
+    for f in (lambda t: t + 1, lambda t: t * 0.5, lambda t: t / -2, lambda t: t - 2, lambda t: t / 3,
+              lambda t: t * 3, lambda t: t / 7, lambda t: 2 * t, lambda t: t.long() // 2, lambda t: t.long() + 3):
+        assert torch.equal(f(x).cpu(), f(xc))
+    def texts() -> int:  # program texts built (compiled, or found in the memory or disk cache)
+        st = torch_tpu.cache_stats()
+        return int(st["misses"] + st["memory_hits"] + st["disk_hits"])
+
+    y = torch.randn(333, device="tpu")
+    before = texts()
+    for s in (1.0, 2.0, -1.0):
+        assert torch.equal((y * s).cpu(), y.cpu() * s)
+    assert texts() - before == 3  # constants: a program each
+    before = texts()
+    for s in (1.25, 2.25, 3.0, 7.0):
+        assert torch.equal((y * s).cpu(), y.cpu() * s)
+    assert texts() - before == 1  # operands: one program
+
+
 def test_matmul_precision_reaches_cached_contractions_only(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     # The signature leaves the matmul precision out: a cached add is served whatever the setting,
     # while a cached mm planned at another precision is planned (and built) again at the new one.

@@ -131,12 +131,15 @@ void CallSignature::tensor(const at::Tensor& t) {
   }
   const auto dtype = static_cast<int64_t>(t.scalar_type());
   if (t.device().type() != kTpu) {
-    // A 0-d CPU tensor (a wrapped Python scalar or a host scalar) is a host operand.
+    // A 0-d CPU tensor (a wrapped Python scalar or a host scalar) is a host operand, or a plan
+    // constant (a wrapped scalar of const_scalar_index's table): then its value is part of the word.
     if (!t.device().is_cpu() || t.dim() != 0) {
       valid_ = false;
       return;
     }
-    w_.push_back((kHostTensor * 256 + dtype) * 2 + (t.unsafeGetTensorImpl()->is_wrapped_number() ? 1 : 0));
+    const auto k = const_scalar_index(t);
+    w_.push_back(((kHostTensor * 256 + dtype) * 2 + (t.unsafeGetTensorImpl()->is_wrapped_number() ? 1 : 0)) * 16 +
+                 (k ? *k + 1 : 0));
     return;
   }
   has_input_tensor_ = true;

@@ -63,6 +63,19 @@ std::optional<int> const_scalar_index(const c10::Scalar& sc) {
 
 double const_scalar_value(int index) { return kConstScalars[index]; }
 
+std::optional<int> const_scalar_index(const at::Tensor& t) {
+  if (!t.defined() || !t.unsafeGetTensorImpl()->is_wrapped_number()) return std::nullopt;
+  // Wrapped numbers are double, int64, bool or complex (ATen's scalar_to_tensor); read in place
+  // (t.item() would be a trip through the dispatcher).
+  std::optional<int> k;
+  if (t.scalar_type() == c10::ScalarType::Double) k = const_scalar_index(c10::Scalar(*t.const_data_ptr<double>()));
+  if (t.scalar_type() == c10::ScalarType::Long) k = const_scalar_index(c10::Scalar(*t.const_data_ptr<int64_t>()));
+  // 3 stays an operand: XLA rewrites x / constant as x * (1 / constant), exact only when the
+  // reciprocal is (0, +-0.5, +-1, +-2), and `x / 3` is a Tensor overload (pow's cube is a Scalar).
+  if (k && const_scalar_value(*k) == 3.0) return std::nullopt;
+  return k;
+}
+
 runtime::HostOperand host_operand(const c10::Scalar& sc) {
   HostOperand h{};
   if (sc.isFloatingPoint()) {

@@ -297,6 +297,13 @@ void plan_tensor(Planner& pl, Plan& plan, ArgPlan& ap, const at::Tensor& t, int1
   } else if (t.device().type() == kTpu) {
     ap.value.kind = Arg::Kind::Tensor;
     ap.refs.push_back(pl.ref(t, {src}));
+  } else if (auto k = const_scalar_index(t)) {  // a Python scalar of the table: a constant, as in plan_scalar
+    ap.value.kind = Arg::Kind::Tensor;
+    ap.scalar_const = const_scalar_value(*k);
+    ap.scalar_const_elem = elem_of(t.scalar_type());
+    plan.key += "H";
+    plan.key += shlo::mlir_name(ap.scalar_const_elem);
+    plan.key += "=" + std::to_string(*k) + ";";
   } else if (is_host_scalar_tensor(t)) {
     ap.value.kind = Arg::Kind::Tensor;
     ap.host_index.push_back(pl.num_host());

@@ -64,6 +64,9 @@ runtime::HostOperand draw_rng_state(const std::optional<at::Generator>& gen, int
 // table (-2, -1, -0.5, 0, 0.5, 1, 2, 3; integral scalars -2..3 only), and the value at an index.
 std::optional<int> const_scalar_index(const c10::Scalar& sc);
 double const_scalar_value(int index);
+// The same for a Python scalar passed to a Tensor overload (`x + 1` calls add.Tensor with a
+// wrapped-number 0-d CPU tensor): nullopt for any other tensor, whose value stays an operand.
+std::optional<int> const_scalar_index(const at::Tensor& t);
 
 // Host operand values: a Python scalar (complex: lowering::Unsupported) or a 0-d CPU tensor.
 runtime::HostOperand host_operand(const c10::Scalar& sc);

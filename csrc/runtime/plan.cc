@@ -85,11 +85,15 @@ void emit_op(shlo::Builder& b, std::vector<Value>& cur, const std::vector<Value>
   call.overload = plan.overload;
   call.common = plan.common;
   call.args.reserve(plan.args.size());
+  auto constant = [&](const ArgPlan& ap) {
+    return ap.scalar_const_elem == shlo::ElemType::F64 ? b.constant_f(*ap.scalar_const, ap.scalar_const_elem)
+                                                       : b.constant_i(static_cast<int64_t>(*ap.scalar_const), ap.scalar_const_elem);
+  };
   for (const ArgPlan& ap : plan.args) {
     lowering::Arg a = ap.value;
     switch (a.kind) {
       case lowering::Arg::Kind::Tensor:
-        a.tensor = ap.refs.empty() ? host_vals[ap.host_index[0]] : read(*ap.refs[0]);
+        a.tensor = !ap.refs.empty() ? read(*ap.refs[0]) : ap.scalar_const ? constant(ap) : host_vals[ap.host_index[0]];
         break;
       case lowering::Arg::Kind::TensorList:
       case lowering::Arg::Kind::OptTensorList:
@@ -100,9 +104,7 @@ void emit_op(shlo::Builder& b, std::vector<Value>& cur, const std::vector<Value>
         }
         break;
       case lowering::Arg::Kind::Scalar:
-        a.scalar = !ap.scalar_const ? host_vals[ap.host_index[0]]
-                   : ap.scalar_const_elem == shlo::ElemType::F64 ? b.constant_f(*ap.scalar_const, ap.scalar_const_elem)
-                                                                  : b.constant_i(static_cast<int64_t>(*ap.scalar_const), ap.scalar_const_elem);
+        a.scalar = ap.scalar_const ? constant(ap) : host_vals[ap.host_index[0]];
         break;
       default: break;  // constants are already in `value`
     }

@@ -68,9 +68,10 @@ struct ArgPlan {
   std::vector<std::optional<TensorRef>> refs;  // Tensor / lists: device views
   std::vector<int> host_index;                 // Tensor / Scalar fed by a host operand
   std::vector<std::optional<int>> list_host;   // list entries that are host 0-d tensors
-  // Scalar: a value of a small table (-1, 0, 1, 2, ..., aten const_scalar_index) is a program
-  // constant (part of the key) rather than an operand, so XLA simplifies x ** 2, alpha = 1, ...
-  // and pow emits sqrt for x ** 0.5; F64 or S64 as the operand would be.
+  // Scalar, or a Tensor that is a Python scalar (a wrapped number, `x + 1`): a value of a small
+  // table (-1, 0, 1, 2, ..., aten const_scalar_index) is a program constant (part of the key)
+  // rather than an operand, so XLA simplifies x ** 2, alpha = 1, ..., pow emits sqrt for
+  // x ** 0.5, and the launch passes one argument less; F64 or S64 as the operand would be.
   std::optional<double> scalar_const;
   shlo::ElemType scalar_const_elem = shlo::ElemType::F64;
 };
