@@ -150,7 +150,9 @@ std::optional<Value> host_product(Builder& b, const OpCall& c, Value l, Value r,
 // decoder's Linears and attention products. Session 8 (one thread), load ~3, XLA / host:
 // [4,256]x[256,256] 0.14-0.17 / 0.04-0.06; [8,256]x[256,1024] 0.85 / 0.16-0.17. One-row products
 // (GEMVs, [1,256]x[256,1024]: 0.07-0.08 either way) stay XLA's. Below 2^18 multiply-adds a call is
-// tens of microseconds either way. "always" (host_kernels_any_size) takes every product.
+// tens of microseconds either way. "always" (host_kernels_any_size) takes every product. (These were
+// measured with MKL blocks; since session 10 rank-2 blocks run oneDNN at about half the CPU time,
+// ffi_gemm.cc, so the 128-row cap may now be low in eager too: not re-measured.)
 constexpr int64_t kHostGemmMinMacs = int64_t{1} << 18;
 constexpr int64_t kHostGemmMinRows = 2;
 constexpr int64_t kHostGemmMaxRows = 128;
