@@ -36,7 +36,8 @@ def test_mlp_forward_matches_cpu_and_eager() -> None:
 
 def test_linear_on_many_rows_is_the_swapped_product(monkeypatch: pytest.MonkeyPatch) -> None:
     """mm(x, t(W)) with many rows is lowered as t(dot(W, t(x))) behind an optimization_barrier
-    (XLA:CPU packs a transposed weight slowly); forward and backward still match CPU."""
+    (XLA:CPU packs a transposed weight slowly); forward and backward still match CPU. 640 rows: past
+    the host GEMM's rows in compiled graphs (tests/test_host_gemm.py::test_compiled_rule)."""
     from torch_tpu import _C
     from torch_tpu._internal import compile as tpu_compile
 
@@ -49,8 +50,8 @@ def test_linear_on_many_rows_is_the_swapped_product(monkeypatch: pytest.MonkeyPa
 
     monkeypatch.setattr(tpu_compile, "_build", spy)
     torch.manual_seed(0)
-    lin = torch.nn.Linear(256, 512, bias=False)
-    x = torch.randn(64, 256, requires_grad=True)
+    lin = torch.nn.Linear(256, 1024, bias=False)
+    x = torch.randn(640, 256, requires_grad=True)
     lin(x).square().sum().backward()
     mt = copy.deepcopy(lin).to("tpu")
     xt = x.detach().to("tpu").requires_grad_()
@@ -60,6 +61,7 @@ def test_linear_on_many_rows_is_the_swapped_product(monkeypatch: pytest.MonkeyPa
     torch.testing.assert_close(xt.grad.cpu(), x.grad, atol=1e-4, rtol=1e-5)
     torch.testing.assert_close(mt.weight.grad.cpu(), lin.weight.grad, atol=1e-4, rtol=1e-5)
     assert texts and "optimization_barrier" in texts[0], texts[0][-2000:] if texts else "no program"
+    assert "torch_tpu.gemm" not in texts[0]
 
 
 def test_backend_class_and_fullgraph() -> None:

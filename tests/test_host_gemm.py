@@ -1,12 +1,13 @@
 """The host GEMM (csrc/aten/ffi_gemm.cc, csrc/lowering/host_gemm.h): on the CPU plugin float32
 mm / addmm / bmm / baddbmm of 2..128 rows from a measured size on are PyTorch's CPU GEMM run as the XLA FFI
-custom call "torch_tpu.gemm" inside strict and fused programs (compiled graphs keep XLA's dots); transposed operands go in as
+custom call "torch_tpu.gemm" inside strict and fused programs (and, from 2 to 512 rows, in compiled graphs); transposed operands go in as
 the arrays they transpose, with a flag. Every case compares with PyTorch CPU and checks which path
 the program took. Shapes are unique to this file, so each program is built here, on the path the
 test switched to."""
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -15,6 +16,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 import torch_tpu
+
+from tests.conftest import run_python
 
 DEV = "tpu"
 TARGET = '"torch_tpu.gemm"'
@@ -153,9 +156,9 @@ def test_non_contiguous_operands(host: None) -> None:
 
 
 def test_fused_and_compiled(host: None, dump: Callable[[str], str], tmp_path: Path) -> None:
-    # Fused eager records the products into one program: two host GEMMs. Compiled graphs keep XLA's
-    # dots (csrc/aten/graph.cc builds them under HostGemmOff: its swapped Linear product cost less
-    # there), with the same results.
+    # Fused eager records the products into one program: two host GEMMs. Compiled graphs take them
+    # too, by their own rule (rank 2, 2..512 rows, from 2^20 multiply-adds: here 96 x 168 x 136 and
+    # 96 x 136 x 136), with the same results.
     lin = torch.nn.Linear(168, 136)
     x = _rand(4, 24, 168)
     with torch.no_grad():
@@ -173,7 +176,44 @@ def test_fused_and_compiled(host: None, dump: Callable[[str], str], tmp_path: Pa
         _close(fn(x.to(DEV)), ref)
         dump("done")
         graphs = [t for t in _programs(tmp_path / "compiled") if t.startswith("// graph")]
-        assert graphs and all(TARGET not in g and "stablehlo.dot_general" in g for g in graphs)
+        assert len(graphs) == 1 and "stablehlo.dot_general" not in graphs[0]
+        assert _configs(graphs[0]) == [_cfg(0, 1, 1, 1.0, 1.0), _cfg(0, 0, 0)]
+
+
+def _compiled_graphs(fn: Callable[..., torch.Tensor], *args: torch.Tensor, dump: Callable[[str], str],
+                     folder: Path, name: str) -> tuple[torch.Tensor, str]:
+    dump(name)
+    out = torch.compile(fn, backend="tpu", dynamic=False)(*args).cpu()
+    dump(name + "_done")
+    return out, "".join(t for t in _programs(folder / name) if t.startswith("// graph"))
+
+
+def test_compiled_rule(host: None, dump: Callable[[str], str], tmp_path: Path) -> None:
+    # Compiled graphs (csrc/lowering/matmul.cc, kGraphGemm*): Linears of 2..512 rows from 2^20
+    # multiply-adds are the host GEMM (the weight as stored: trans_b), equal to PyTorch CPU; one row
+    # (XLA's fused GEMV), more than 512 rows and batched products stay XLA dots.
+    w, bias = _rand(264, 272), _rand(264)
+    for rows, host_call in [(2, False), (16, True), (512, True), (1, False), (513, False)]:
+        x = _rand(rows, 272, seed=2)
+        # 2 rows: 2 x 272 x 264 < 2^20 multiply-adds
+        got, text = _compiled_graphs(lambda t, ww, bb: F.linear(t, ww, bb), x.to(DEV), w.to(DEV), bias.to(DEV),
+                                     dump=dump, folder=tmp_path, name=f"rows{rows}")
+        _close(got, F.linear(x, w, bias))
+        if host_call:
+            assert _configs(text) == [_cfg(0, 1, 1, 1.0, 1.0)] and "stablehlo.dot_general" not in text, rows
+        else:
+            assert TARGET not in text and "stablehlo.dot_general" in text, rows
+    a, b = _rand(6, 64, 96), _rand(6, 96, 80, seed=3)
+    got, text = _compiled_graphs(torch.bmm, a.to(DEV), b.to(DEV), dump=dump, folder=tmp_path, name="bmm")
+    _close(got, torch.bmm(a, b))
+    assert TARGET not in text and "stablehlo.dot_general" in text
+    # switched off: the graph keeps XLA's dot (the swapped Linear product, csrc/aten/graph.cc)
+    x = _rand(64, 272, seed=4)
+    torch_tpu.ops.host_kernels(False, kind="gemm")
+    got, text = _compiled_graphs(lambda t, ww: F.linear(t, ww), x.to(DEV), w.to(DEV), dump=dump, folder=tmp_path,
+                                 name="off")
+    _close(got, F.linear(x, w))
+    assert TARGET not in text and "stablehlo.dot_general" in text
 
 
 def test_switched_off(host: None, dump: Callable[[str], str]) -> None:
@@ -218,7 +258,8 @@ def test_default_rule(dump: Callable[[str], str]) -> None:
 
 # The two-thread split (csrc/aten/ffi_gemm.cc): from 2^22 multiply-adds on, the call cuts the output
 # into two blocks (batch entries; else rows when m >= n; else columns), one per thread, with odd sizes
-# that leave unequal blocks. Each block is a one-thread MKL GEMM, compared here with PyTorch CPU.
+# that leave unequal blocks. Each block is a one-thread GEMM (oneDNN for rank 2, MKL for bmm), compared
+# here with PyTorch CPU.
 @pytest.mark.parametrize("m, k, n, ta, tb", [
     (127, 340, 100, False, True),  # rows, 64 + 63, the weight as stored
     (121, 360, 97, True, False),   # rows, a transposed lhs
@@ -270,3 +311,33 @@ def test_split_bmm_baddbmm(host: None, dump: Callable[[str], str]) -> None:
         got = torch.baddbmm(s.to(DEV), x.to(DEV), wd, beta=0.5, alpha=2)
         _close(got, torch.baddbmm(s, x, w, beta=0.5, alpha=2))
         assert sorted(_configs(dump(f"next{batch}"))) == sorted([_cfg(0, int(tb), 0), _cfg(0, int(tb), 1, 2.0, 0.5)])
+
+
+_WARM_CHILD = r"""
+import json, torch, torch_tpu
+import torch.nn.functional as F
+g = torch.Generator().manual_seed(5)
+x, w, b = torch.randn(96, 200, generator=g), torch.randn(152, 200, generator=g), torch.randn(152, generator=g)
+n = len(torch_tpu.compile_stats()["graph_tiers"])
+got = torch.compile(lambda t, ww, bb: torch.relu(F.linear(t, ww, bb)), backend="tpu")(
+    x.to("tpu"), w.to("tpu"), b.to("tpu")).cpu()
+tiers = [t["xla"] for t in torch_tpu.compile_stats()["graph_tiers"][n:]]
+err = (got - torch.relu(F.linear(x, w, b))).abs().max().item()
+print(json.dumps({"tiers": tiers, "err": err}))
+"""
+
+
+def test_compiled_host_gemm_from_disk_cache(host: None, tmp_path: Path) -> None:
+    # A cached executable holding the custom call runs in a second process (the handler is
+    # registered there before the executable is loaded from TORCH_TPU_CACHE_DIR).
+    cache = str(tmp_path / "cache")
+    dump = str(tmp_path / "dump")
+    runs = []
+    for env in ({"TORCH_TPU_CACHE_DIR": cache, "TORCH_TPU_DUMP_DIR": dump}, {"TORCH_TPU_CACHE_DIR": cache}):
+        r = run_python(_WARM_CHILD, env=env)
+        assert r.returncode == 0, r.stderr[-3000:]
+        runs.append(json.loads(r.stdout.strip().splitlines()[-1]))
+    graphs = [t for t in _programs(Path(dump)) if t.startswith("// graph")]
+    assert graphs and all(_configs(g) == [_cfg(0, 1, 1, 1.0, 1.0)] for g in graphs)
+    assert "xla_compiled" in runs[0]["tiers"] and runs[1]["tiers"] and set(runs[1]["tiers"]) == {"xla_disk"}
+    assert runs[0]["err"] < 1e-3 and runs[1]["err"] < 1e-3

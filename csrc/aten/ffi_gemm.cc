@@ -5,9 +5,11 @@
 // Why: XLA:CPU's dot is Eigen's tensor contraction; PyTorch CPU's is MKL sgemm, 1.5-3x faster on
 // products of few rows (a decode step's or a short decoder's Linears, attention blocks; matmul.cc's
 // threshold comment), where matmul.cc uses it. No XLA:CPU option reaches MKL for a plain dot.
+// Rank-2 blocks run oneDNN's f32 GEMM instead (PyTorch's mkldnn linear): on this machine's AMD EPYC
+// MKL takes its generic kernels, twice oneDNN's CPU time (block_gemm); bmm blocks stay MKL.
 //
 // Threads: the product is cut into blocks of the output (batch entries, rows, or columns when the
-// rows are few), each a one-thread MKL GEMM, run by run_tasks (ffi_common.h) on the XLA thread that
+// rows are few), each a one-thread GEMM, run by run_tasks (ffi_common.h) on the XLA thread that
 // runs the call and one inter-op pool thread, without an OpenMP team: a team of two inside the
 // program waits for its second thread behind XLA's pool and other processes (alternated processes
 // at load ~3, [512,256]x[256,1024]: one thread 6.6 ms, an OpenMP team of two 20.4 ms), while on a
@@ -17,6 +19,7 @@
 #if __has_include("xla/ffi/api/ffi.h")
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
+#include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/ops/addmm_cpu_dispatch.h>
 #include <ATen/ops/baddbmm_cpu_dispatch.h>
 #include <ATen/ops/bmm_cpu_dispatch.h>
@@ -29,6 +32,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <exception>
+#include <optional>
 #include <string>
 #include <utility>
 
@@ -60,9 +64,43 @@ std::pair<int64_t, int64_t> part_range(int64_t len, int64_t parts, int64_t p, in
   return {std::min(len, p * a), p + 1 == parts ? len : std::min(len, (p + 1) * a)};
 }
 
+// PyTorch's oneDNN linear (mkldnn::_linear_pointwise: x w^T (+ bias) on dense, strided operands);
+// nullptr when this torch has none or TORCH_TPU_HOST_GEMM_ONEDNN=0 (MKL for every block: A/B).
+using LinearFn = at::Tensor(const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&, c10::string_view,
+                            c10::List<std::optional<at::Scalar>>, std::optional<c10::string_view>);
+const c10::TypedOperatorHandle<LinearFn>* onednn_linear() {
+  static const std::optional<c10::TypedOperatorHandle<LinearFn>> op =
+      []() -> std::optional<c10::TypedOperatorHandle<LinearFn>> {
+    const char* env = std::getenv("TORCH_TPU_HOST_GEMM_ONEDNN");
+    if (env && env[0] == '0') return std::nullopt;
+    try {
+      auto h = c10::Dispatcher::singleton().findSchema({"mkldnn::_linear_pointwise", ""});
+      if (!h || !h->hasKernelForDispatchKey(c10::DispatchKey::CPU)) return std::nullopt;
+      return h->typed<LinearFn>();
+    } catch (const std::exception&) {  // a torch whose schema differs: MKL
+      return std::nullopt;
+    }
+  }();
+  return op ? &*op : nullptr;
+}
+
 // y (= beta * c +) alpha * x w for one block: rank-2 or rank-3 views of the call's buffers.
 void block_gemm(at::Tensor y, const at::Tensor& c, const at::Tensor& x, const at::Tensor& w, bool has_c,
                 double alpha, double beta) {
+  // Rank 2 through oneDNN: on this AMD EPYC MKL runs its generic sgemm kernels, about twice oneDNN's
+  // CPU time per multiply-add (one thread, [128,512]x[512,1376]: MKL 2.3 ms, oneDNN 1.1 ms, JAX's
+  // XLA dot 1.2 ms of CPU; strict-eager F.linear of that shape, alternated processes at load 3.5:
+  // 1.0-1.2 ms vs 2.0-2.8 ms wall). A bias (beta = alpha = 1, c broadcast over rows) goes with it.
+  // The op returns a new tensor: the copy into the block costs ~2% of compiled prefill's samples.
+  const bool bias = has_c && alpha == 1.0 && beta == 1.0 && c.stride(0) == 0;
+  if (y.dim() == 2 && (!has_c || bias) && alpha == 1.0) {
+    if (const auto* lin = onednn_linear()) {
+      std::optional<at::Tensor> b;
+      if (bias) b = c.select(0, 0).contiguous();
+      y.copy_(lin->call(x, w.t(), b, "none", c10::List<std::optional<at::Scalar>>(), std::nullopt));
+      return;
+    }
+  }
   if (y.dim() == 2) {
     if (has_c) at::cpu::addmm_out(y, c, x, w, beta, alpha);
     else at::cpu::mm_out(y, x, w);

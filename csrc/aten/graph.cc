@@ -236,6 +236,7 @@ bool lower_swapped_product(Builder& b, const GraphDesc& desc, size_t node_index,
   if (x.rank() != 2 || x.elem() != w->elem() || x.elem() != out) return false;
   const int64_t m = x.shape()[0], k = x.shape()[1], n = w->shape()[0];
   if (w->shape()[1] != k || m < kSwapMinRows || m > n || m * n * k < kSwapMinMacs) return false;
+  if (lowering::host_gemm_wanted(out, 1, m, k, n)) return false;  // mm's host GEMM reads W as it is
   const lowering::OpEntry* entry = lowering::find_op("mm");
   lowering::OpCall call;
   call.name = "mm";
@@ -342,7 +343,7 @@ std::vector<Value> graph_results(Builder& b, const GraphDesc& desc, const std::u
 std::string graph_module(const GraphDesc& desc, std::vector<int64_t>& out_numel, std::vector<shlo::Shape>& out_dims,
                          std::vector<runtime::CheckSource>* checks = nullptr, const InputDims* input_dims = nullptr) {
   shlo::Builder b;
-  const lowering::HostGemmOff xla_dots;  // the swapped product above beat the host GEMM (host_gemm.h)
+  const lowering::GraphGemmScope graph_gemm;  // host_gemm_wanted's compiled-graph rule (matmul.cc)
   b.set_precision(desc.precision < 0 ? matmul_precision() : static_cast<shlo::Precision>(desc.precision));
   std::unordered_map<int64_t, Value> vals;
   for (size_t i = 0; i < desc.inputs.size(); ++i) {

@@ -1,4 +1,4 @@
-// The host GEMM (aten/ffi_gemm.cc): PyTorch's CPU mm / addmm / bmm / baddbmm (MKL sgemm) as a typed
+// The host GEMM (aten/ffi_gemm.cc): PyTorch's CPU mm / addmm / bmm / baddbmm (oneDNN / MKL) as a typed
 // XLA FFI custom call on the CPU plugin. lowering/matmul.cc emits it for float32 products from a
 // measured size on (host_gemm_wanted); smaller ones stay XLA dots, which XLA fuses with their
 // neighbours and which cost no custom-call overhead.
@@ -18,18 +18,18 @@ namespace tpu::lowering {
 inline constexpr const char* kHostGemmTarget = "torch_tpu.gemm";
 
 // Whether a product of `batch` x [m,k] x [k,n] in element type `t` takes the host GEMM now (the
-// switches of host_kernels.h and the measured threshold, matmul.cc; never inside a HostGemmOff scope).
+// switches of host_kernels.h and the measured thresholds, matmul.cc: eager, or in a GraphGemmScope).
 bool host_gemm_wanted(shlo::ElemType t, int64_t batch, int64_t m, int64_t k, int64_t n);
 
-// While alive, lowerings on this thread keep XLA's dots. Compiled graphs (aten/graph.cc) build in
-// one: there XLA's dot of a Linear in its swapped form (graph.cc) cost less than the host GEMM
-// (bench_compile prefill, matmul.cc's threshold comment).
-class HostGemmOff {
+// While alive, lowerings on this thread build a compiled graph (aten/graph.cc): host_gemm_wanted
+// applies the compiled-graph rule (matmul.cc: rank 2, 2..512 rows, from 2^20 multiply-adds) instead
+// of the eager one.
+class GraphGemmScope {
  public:
-  HostGemmOff();
-  ~HostGemmOff();
-  HostGemmOff(const HostGemmOff&) = delete;
-  HostGemmOff& operator=(const HostGemmOff&) = delete;
+  GraphGemmScope();
+  ~GraphGemmScope();
+  GraphGemmScope(const GraphGemmScope&) = delete;
+  GraphGemmScope& operator=(const GraphGemmScope&) = delete;
 
  private:
   bool prev_;

@@ -10,7 +10,7 @@
 //
 // On the CPU plugin, float32 mm / addmm / bmm / baddbmm from a measured size on are the host GEMM
 // (host_gemm.h, aten/ffi_gemm.cc: PyTorch's CPU GEMM as an FFI custom call; see host_product()) in
-// strict and fused eager; compiled graphs keep XLA's dots (host_gemm.h, HostGemmOff).
+// strict and fused eager and, by their own measured rule (GraphGemmScope), in compiled graphs.
 #include <algorithm>
 #include <cstdio>
 #include <optional>
@@ -150,23 +150,41 @@ std::optional<Value> host_product(Builder& b, const OpCall& c, Value l, Value r,
 // decoder's Linears and attention products. Session 8 (one thread), load ~3, XLA / host:
 // [4,256]x[256,256] 0.14-0.17 / 0.04-0.06; [8,256]x[256,1024] 0.85 / 0.16-0.17. One-row products
 // (GEMVs, [1,256]x[256,1024]: 0.07-0.08 either way) stay XLA's. Below 2^18 multiply-adds a call is
-// tens of microseconds either way. "always" (host_kernels_any_size) takes every product.
+// tens of microseconds either way. "always" (host_kernels_any_size) takes every product. (These were
+// measured with MKL blocks; since session 10 rank-2 blocks run oneDNN at about half the CPU time,
+// ffi_gemm.cc, so the 128-row cap may now be low in eager too: not re-measured.)
 constexpr int64_t kHostGemmMinMacs = int64_t{1} << 18;
 constexpr int64_t kHostGemmMinRows = 2;
 constexpr int64_t kHostGemmMaxRows = 128;
 
+// In compiled graphs (GraphGemmScope) the host GEMM takes products of 2..512 rows from 2^20
+// multiply-adds. Session 10, its kernel being oneDNN's (aten/ffi_gemm.cc), one F.linear compiled
+// alone, host / XLA dot CPU ms per call at load ~5: [128,512]x[512,1376] 0.77x, [512,512]x[512,1376]
+// 0.78x, [256,1280]x[1280,1280] 0.73x, but [1024,640]x[640,2560] 1.01x, [4096,320]x[320,1280] 1.05x,
+// [4096,320]x[320,320] 0.98x (XLA's dot on many rows is as good and keeps XLA's fusions); bench_compile
+// prefill (all Linears [128,512]x[512,N]) 0.88x wall, 0.95x CPU. One-row products stay XLA's: its
+// fused GEMV beat the call on decode's lm_head [1,512]x[512,32000] (decode CPU ms/token 10.0 vs 8.0).
+// Below 2^20 multiply-adds XLA's dot fuses with its neighbours at little cost (the swapped-product
+// threshold, aten/graph.cc). Batched products (bmm) stay XLA's there: the call runs them on MKL,
+// about twice oneDNN's CPU time per multiply-add on this machine (ffi_gemm.cc).
+constexpr int64_t kGraphGemmMinMacs = int64_t{1} << 20;
+constexpr int64_t kGraphGemmMaxRows = 512;
+
 namespace {
-thread_local bool host_gemm_off = false;
+thread_local bool in_graph = false;
 }  // namespace
 
-HostGemmOff::HostGemmOff() : prev_(host_gemm_off) { host_gemm_off = true; }
-HostGemmOff::~HostGemmOff() { host_gemm_off = prev_; }
+GraphGemmScope::GraphGemmScope() : prev_(in_graph) { in_graph = true; }
+GraphGemmScope::~GraphGemmScope() { in_graph = prev_; }
 
 bool host_gemm_wanted(ElemType t, int64_t batch, int64_t m, int64_t k, int64_t n) {
-  if (host_gemm_off || t != ElemType::F32 || batch <= 0 || m <= 0 || k <= 0 || n <= 0) return false;
+  if (t != ElemType::F32 || batch <= 0 || m <= 0 || k <= 0 || n <= 0) return false;
   if (!host_kernel_enabled(HostKernel::Gemm)) return false;
-  return host_kernels_any_size() ||
-         (m >= kHostGemmMinRows && m <= kHostGemmMaxRows && batch * m * k * n >= kHostGemmMinMacs);
+  if (host_kernels_any_size()) return true;
+  const int64_t macs = batch * m * k * n;
+  if (in_graph)
+    return batch == 1 && m >= kHostGemmMinRows && m <= kGraphGemmMaxRows && macs >= kGraphGemmMinMacs;
+  return m >= kHostGemmMinRows && m <= kHostGemmMaxRows && macs >= kHostGemmMinMacs;
 }
 
 TPU_LOWER(mm) {

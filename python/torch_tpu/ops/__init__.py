@@ -173,9 +173,9 @@ def ragged_dot_weight_grad(lhs: torch.Tensor, grad: torch.Tensor, group_sizes: t
 def host_kernels(enabled: bool | str | None = None, kind: str | None = None) -> str:
     """The host kernels of the CPU PJRT plugin, XLA FFI custom calls into PyTorch's CPU kernels inside
     the programs: ragged_dot, its weight gradient and the grouped forms of `_grouped_mm` (ATen's CPU
-    GEMM per group), float convolution forwards (kind "conv", PyTorch's CPU convolution) and, in eager
-    programs, float32 mm / addmm / bmm / baddbmm of 2 to 128 rows from a measured size on (kind "gemm",
-    PyTorch's CPU GEMM on two threads; compiled graphs keep XLA's dots). Returns
+    GEMM per group), float convolution forwards (kind "conv", PyTorch's CPU convolution) and float32
+    mm / addmm / bmm / baddbmm from a measured size on (kind "gemm", PyTorch's CPU GEMM on two threads:
+    in eager programs 2 to 128 rows, in compiled graphs 2-D products of 2 to 512 rows). Returns
     "on", "off", "always" or "unavailable: <why>" (another platform, built without jaxlib's XLA FFI
     headers, the plugin refused them, or TORCH_TPU_HOST_KERNELS=0). `enabled` switches them for the
     programs built after the call (compiled graphs read the switch when they compile; a cached eager
