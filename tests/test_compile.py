@@ -111,6 +111,21 @@ def test_input_mutation_static_cache_style() -> None:
         torch.testing.assert_close(mt.cache.cpu(), m.cache, atol=1e-5, rtol=1e-5)
 
 
+def test_tensor_constants_made_while_tracing_are_real_on_first_run() -> None:
+    # Tensors the traced code creates become graph constants; their device copies are made while
+    # Dynamo's fake mode is active (Mistral's and Gemma2's sliding-window masks did this): a cold
+    # compile's first run got FakeTensor operands and failed.
+    import torch._functorch.config as functorch_config
+
+    def f(x: torch.Tensor) -> torch.Tensor:
+        return x * torch.tensor(3.0) + torch.tensor([1.0, 2.0, 3.0, 4.0], device=x.device)
+
+    x = torch.randn(4)
+    with functorch_config.patch(enable_autograd_cache=False):  # the traced (cold) path
+        out = torch.compile(f, backend="tpu", fullgraph=True)(x.to("tpu"))
+    torch.testing.assert_close(out.cpu(), f(x))
+
+
 def test_graph_break_falls_back_correctly() -> None:
     def f(x: torch.Tensor) -> torch.Tensor:
         y = x.sin() * 2

@@ -24,6 +24,7 @@ from typing import Any
 
 import torch
 import torch.fx
+from torch._subclasses.fake_tensor import FakeTensor, unset_fake_temporarily
 
 from torch_tpu import _C
 from torch_tpu._internal import compile_meta, graph_passes, xla_options
@@ -229,8 +230,10 @@ class _Describer:
         for n in self.gm.graph.nodes:
             if n.op == "get_attr":
                 t = getattr(self.gm, n.target)
+                if isinstance(t, FakeTensor):  # made while tracing: its value, if fake mode kept it
+                    t = t.constant
                 if not isinstance(t, torch.Tensor):
-                    raise Unsupported(f"graph attribute {n.target} is not a tensor")
+                    raise Unsupported(f"graph attribute {n.target} is not a tensor with a value")
                 inputs.append(_tensor_type(t))
                 self.ids[n] = self.new_id()
                 self.constants.append(t)
@@ -392,7 +395,7 @@ class _Program:
             raise Unsupported(str(e), describer.node_of[int(m.group(1))]) from None
         # What a warm start needs to rebuild this program in another process (TpuOutputCode).
         self.desc, self.cpu_consts = desc, constants
-        self.consts = [c.to(_tpu_device(example_inputs)) for c in constants]
+        self.consts = _on_device(constants, _tpu_device(example_inputs))
         self.gids = {desc["precision"]: self.gid}
 
     @classmethod
@@ -405,7 +408,7 @@ class _Program:
         self.gid = _build(desc)
         self.gids = {desc["precision"]: self.gid}
         self.spec, self.desc, self.cpu_consts = spec, desc, constants
-        self.consts = [c.to(device) for c in constants]
+        self.consts = _on_device(constants, device)
         return self
 
     def _program_for(self, precision: int) -> int:
@@ -435,6 +438,13 @@ class _Program:
             else:
                 result.append(v)
         return result
+
+
+def _on_device(constants: list[torch.Tensor], device: torch.device) -> list[torch.Tensor]:
+    """Real device copies of a graph's constants. Dynamo calls the backend with its fake mode
+    active, where a copy would be a FakeTensor that the first real run rejects."""
+    with unset_fake_temporarily():
+        return [c.to(device) for c in constants]
 
 
 class _Piece(torch.nn.Module):
