@@ -107,19 +107,19 @@ std::vector<Value> clamp_impl(Builder& b, const OpCall& c, const char* lo, const
 }  // namespace
 
 // ------------------------------------------------------------------ arithmetic
-TPU_LOWER_ELEMENTWISE(add) {
+TPU_LOWER_ELEMENTWISE_COMPLEX(add) {
   ElemType t = arith(c);
   return {add_scaled(b, c, input_as(b, c, "self", t), input_as(b, c, "other", t))};
 }
-TPU_LOWER_ELEMENTWISE(sub) {
+TPU_LOWER_ELEMENTWISE_COMPLEX(sub) {
   ElemType t = arith(c);
   return {sub_scaled(b, c, input_as(b, c, "self", t), input_as(b, c, "other", t))};
 }
-TPU_LOWER_ELEMENTWISE(rsub) {
+TPU_LOWER_ELEMENTWISE_COMPLEX(rsub) {
   ElemType t = arith(c);
   return {sub_scaled(b, c, input_as(b, c, "other", t), input_as(b, c, "self", t))};
 }
-TPU_LOWER_ELEMENTWISE(mul) {
+TPU_LOWER_ELEMENTWISE_COMPLEX(mul) {
   ElemType t = arith(c);
   Value x = input_as(b, c, "self", t), y = input_as(b, c, "other", t);
   return {t == ElemType::Pred ? b.and_(x, y) : b.mul(x, y)};
@@ -130,8 +130,9 @@ void check_divisor(Builder& b, Value d) {
   if (b.checking() && is_integral(d.elem())) check(b, eq(b, d, zero(b, d)), CheckKind::Runtime, "ZeroDivisionError");
 }
 
-TPU_LOWER_WITH(div, .elementwise = true, .checked = true) {
+TPU_LOWER_WITH(div, .elementwise = true, .checked = true, .complex = true) {
   std::string mode = c.str("rounding_mode", "");
+  if (is_complex(c.common) && !mode.empty()) throw Unsupported("div: rounding_mode on complex");
   if (mode.empty()) {
     ElemType t = float_type(c);
     return {b.div(input_as(b, c, "self", t), input_as(b, c, "other", t))};

@@ -55,7 +55,7 @@ Layout analyze(const ViewDesc& v) {
 Value as_elem(Builder& b, Value x, ElemType elem) {
   if (x.elem() == elem) return x;
   if (shlo::bit_width(x.elem()) != shlo::bit_width(elem) || x.elem() == ElemType::Pred ||
-      elem == ElemType::Pred)
+      elem == ElemType::Pred || shlo::is_complex(x.elem()) != shlo::is_complex(elem))
     throw std::invalid_argument("torch_tpu: reinterpreting storage between element types of "
                                 "different widths");
   return b.bitcast(x, Type{elem, x.shape()});
