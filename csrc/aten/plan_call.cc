@@ -41,6 +41,12 @@ using runtime::Plan;
 using runtime::Slot;
 using runtime::TensorRef;
 
+// Same width and both or neither bool / complex: programs reinterpret such storages in place.
+bool same_width(ElemType a, ElemType b) {
+  return shlo::bit_width(a) == shlo::bit_width(b) && (a == ElemType::Pred) == (b == ElemType::Pred) &&
+         shlo::is_complex(a) == shlo::is_complex(b);
+}
+
 // A storage filled by an untyped byte copy (torch.load restores UntypedStorage bytes) holds a u8
 // buffer. The first op reading it as another width reinterprets the bytes once on the device
 // (bitcast; bytes stay in memory order) and retypes the storage, instead of falling back.
@@ -48,6 +54,7 @@ void retype_storage(StorageState& st, ElemType to) {
   fused_flush();  // a pending fused value of this storage has the old type
   std::lock_guard<std::mutex> lock(st.mu);
   ElemType from = st.elem;
+  if (same_width(from, to)) return;  // the flushed pending value has the type already
   int64_t fb = elem_bytes(from), tb = elem_bytes(to);
   if (from == ElemType::Pred || to == ElemType::Pred || static_cast<int64_t>(st.nbytes) % tb != 0 ||
       static_cast<int64_t>(st.nbytes) % fb != 0)
@@ -80,11 +87,6 @@ void retype_storage(StorageState& st, ElemType to) {
   st.hold(outs[0], to, {n_to});
 }
 
-// Same width and both or neither bool / complex: programs reinterpret such storages in place.
-bool same_width(ElemType a, ElemType b) {
-  return shlo::bit_width(a) == shlo::bit_width(b) && (a == ElemType::Pred) == (b == ElemType::Pred) &&
-         shlo::is_complex(a) == shlo::is_complex(b);
-}
 
 // Builds a Plan and its first Call together: tensors become slots (deduplicated by storage) and
 // views, host values become operands; every slot and operand remembers where in the boxed call
