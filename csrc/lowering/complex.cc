@@ -52,3 +52,14 @@ TPU_LOWER_GRAPH_COMPLEX(view_as_complex) {
 }
 
 }  // namespace tpu::lowering
+
+namespace tpu::lowering {
+
+// The lazy conjugate / negative bits as values (compiled graphs hold logical values: a resolve
+// is the value itself).
+TPU_LOWER_GRAPH_COMPLEX(_conj) { return {conj(b, c)}; }
+TPU_LOWER_GRAPH_COMPLEX(_neg_view) { return {b.neg(c.tensor("self"))}; }
+TPU_LOWER_GRAPH_COMPLEX(resolve_conj) { return {c.tensor("self")}; }
+TPU_LOWER_GRAPH_COMPLEX(resolve_neg) { return {c.tensor("self")}; }
+
+}  // namespace tpu::lowering
