@@ -74,6 +74,16 @@ def test_elementwise_and_reductions(mode: str) -> None:
     _check(lambda a: a.conj() * 2, a)
     _check(lambda a: torch.conj_physical(a), a)
     _check(lambda a: a.conj().resolve_conj(), a)
+    _check(lambda a, b: torch.where(a.real > 0, a, b), a, b)
+    _check(lambda a: a.masked_fill(a.imag > 0, 0.5), a)
+    _check(torch.sgn, torch.cat([a, torch.zeros(1, 6, dtype=torch.complex64)]))
+    # Python complex scalars are complex128 operands (promotion as in ATen).
+    _check(lambda r: r * 1j - 0.5j, r)
+    _check(lambda a: a * (2 + 3j) + a / 1j, a, tol=1e-6)
+    _check(lambda a: (a == a[0]) | (a != 1j), a)
+    _check(lambda r: torch.full((2, 3), 1 - 2j, device=r.device) + r[:2, :3], r)
+    a2, b2 = _c(5, dtype=torch.complex128), _c(5, dtype=torch.complex128)
+    _check(lambda a, b: (a * b - a / b).exp().sum(), a2, b2, tol=1e-12)
 
 
 def test_views_and_shape_ops(mode: str) -> None:
@@ -140,6 +150,13 @@ def test_rotary_values_and_grads(mode: str) -> None:
     (_rotary(x.to(TPU), ft) * w.to(TPU)).sum().backward()
     assert ft.grad is not None and fc.grad is not None
     torch.testing.assert_close(ft.grad.cpu(), fc.grad, atol=1e-5, rtol=1e-5)
+    # |z| and angle of complex leaves (their backward uses sgn and complex division).
+    za, zb = _c(3, 4).requires_grad_(), _c(3, 4)
+    (za * zb).abs().sum().add((za + zb).angle().sum()).backward()
+    zt = za.detach().to(TPU).requires_grad_()
+    (zt * zb.to(TPU)).abs().sum().add((zt + zb.to(TPU)).angle().sum()).backward()
+    assert zt.grad is not None and za.grad is not None
+    torch.testing.assert_close(zt.grad.cpu(), za.grad, atol=1e-5, rtol=1e-5)
 
 
 def test_rotary_compiled() -> None:

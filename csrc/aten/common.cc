@@ -51,13 +51,13 @@ void ResultTypeAccumulator::value(c10::ScalarType dtype, bool zero_dim) {
 }
 
 void ResultTypeAccumulator::scalar(const c10::Scalar& sc) {
-  scalar_kind(sc.isFloatingPoint() ? at::kDouble : sc.isBoolean() ? at::kBool : at::kLong);
+  scalar_kind(sc.isFloatingPoint() ? at::kDouble : sc.isBoolean() ? at::kBool : sc.isComplex() ? at::kComplexDouble : at::kLong);
 }
 
 void ResultTypeAccumulator::scalar_kind(c10::ScalarType kind) {
   // One wrapped 0-d tensor per kind (the flag makes it promote as a Python number).
-  thread_local at::Tensor d, l, b;
-  at::Tensor& w = kind == at::kDouble ? d : kind == at::kLong ? l : b;
+  thread_local at::Tensor d, l, b, z;
+  at::Tensor& w = kind == at::kDouble ? d : kind == at::kLong ? l : kind == at::kComplexDouble ? z : b;
   if (!w.defined()) {
     w = at::scalar_tensor(0, at::TensorOptions().device(c10::kCPU).dtype(kind));
     w.unsafeGetTensorImpl()->set_wrapped_number(true);

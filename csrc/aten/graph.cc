@@ -80,7 +80,10 @@ c10::ScalarType common_dtype(const GraphNode& node, const std::unordered_map<int
       }
       case ArgKind::NumberValue: {
         const ElemType e = vals.at(a.value_ids[0]).elem();
-        promotion.scalar_kind(shlo::is_float(e) ? at::kDouble : e == ElemType::Pred ? at::kBool : at::kLong);
+        promotion.scalar_kind(shlo::is_float(e)     ? at::kDouble
+                              : shlo::is_complex(e) ? at::kComplexDouble
+                              : e == ElemType::Pred ? at::kBool
+                                                    : at::kLong);
         break;
       }
       case ArgKind::FloatScalar: promotion.scalar_kind(at::kDouble); break;

@@ -122,7 +122,7 @@ class Planner {
 
   void host_scalar(const c10::Scalar& sc, CallSource src) {
     HostOperand h = host_operand(sc);
-    p_.key += h.elem == ElemType::F64 ? "Sf;" : h.elem == ElemType::Pred ? "Sb;" : "Si;";
+    p_.key += h.elem == ElemType::F64 ? "Sf;" : h.elem == ElemType::Pred ? "Sb;" : h.elem == ElemType::C128 ? "Sc;" : "Si;";
     add_host(h, src);
   }
 

@@ -260,7 +260,7 @@ TPU_LOWER_ELEMENTWISE(addcdiv) {
   Value q = b.div(b.mul(input_as(b, c, "value", t), input_as(b, c, "tensor1", t)), input_as(b, c, "tensor2", t));
   return {b.add(input_as(b, c, "self", t), q)};
 }
-TPU_LOWER_ELEMENTWISE(where) {
+TPU_LOWER_ELEMENTWISE_COMPLEX(where) {
   if (!c.has("self")) throw Unsupported("where(condition) is not pointwise");
   ElemType t = c.common;
   Value cond = input_as(b, c, "condition", ElemType::Pred);
@@ -283,8 +283,8 @@ TPU_LOWER_ELEMENTWISE(logaddexp) { return {logaddexp_impl(b, c, false)}; }
 TPU_LOWER_ELEMENTWISE(logaddexp2) { return {logaddexp_impl(b, c, true)}; }
 
 // ------------------------------------------------------------------ comparisons, logic, bits
-TPU_LOWER_ELEMENTWISE(eq) { return compare_op(b, c, Cmp::EQ); }
-TPU_LOWER_ELEMENTWISE(ne) { return compare_op(b, c, Cmp::NE); }
+TPU_LOWER_ELEMENTWISE_COMPLEX(eq) { return compare_op(b, c, Cmp::EQ); }
+TPU_LOWER_ELEMENTWISE_COMPLEX(ne) { return compare_op(b, c, Cmp::NE); }
 TPU_LOWER_ELEMENTWISE(lt) { return compare_op(b, c, Cmp::LT); }
 TPU_LOWER_ELEMENTWISE(le) { return compare_op(b, c, Cmp::LE); }
 TPU_LOWER_ELEMENTWISE(gt) { return compare_op(b, c, Cmp::GT); }

@@ -459,7 +459,15 @@ static Value sign_impl(Builder& b, const OpCall& c) {
   return b.select(gt(b, x, z), like_const(b, 1, x), b.select(lt(b, x, z), like_const(b, -1, x), z));
 }
 TPU_LOWER_ELEMENTWISE(sign) { return {sign_impl(b, c)}; }
-TPU_LOWER_ELEMENTWISE(sgn) { return {sign_impl(b, c)}; }
+TPU_LOWER_ELEMENTWISE_COMPLEX(sgn) {
+  if (!is_complex(c.common)) return {sign_impl(b, c)};
+  // z / |z| part by part (c10's sgn_impl divides by the real |z|), 0 at 0.
+  Value z = input_as(b, c, "self", c.common);
+  Value r = b.op("abs", {z}, Type{part_type(z.elem()), z.shape()});
+  Value zero = eq(b, r, b.zeros(r.type));
+  Value d = b.select(zero, like_const(b, 1, r), r);
+  return {b.select(zero, b.zeros(z.type), b.complex(b.div(b.real(z), d), b.div(b.imag(z), d)))};
+}
 TPU_LOWER_ELEMENTWISE(signbit) { return {signbit(b, input_as(b, c, "self", c.common))}; }
 TPU_LOWER_ELEMENTWISE(floor) { return {rounding(b, c, "floor")}; }
 TPU_LOWER_ELEMENTWISE(ceil) { return {rounding(b, c, "ceil")}; }

@@ -601,7 +601,7 @@ TPU_LOWER_INDEXING(index_fill) {
 }
 
 // ---------------------------------------------------------------- masked ops
-TPU_LOWER(masked_fill) {
+TPU_LOWER_COMPLEX(masked_fill) {
   const Type& o = out_type(c);
   Value self = b.broadcast_to(c.tensor("self"), o.shape);
   Value mask = b.broadcast_to(b.convert(c.tensor("mask"), ElemType::Pred), o.shape);
