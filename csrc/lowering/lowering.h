@@ -30,7 +30,7 @@ struct Arg {
   Kind kind = Kind::None;
   Value tensor;                              // Tensor
   std::vector<std::optional<Value>> tensors; // TensorList / OptTensorList (nullopt = None entry)
-  Value scalar;     // Scalar: a 0-d f64/i64/i1 runtime operand (a constant for -1, 0, 1, 2, ...)
+  Value scalar;     // Scalar: a 0-d f64/i64/i1/c128 runtime operand (a constant for -1, 0, 1, 2, ...)
   std::optional<double> scalar_value;  // Scalar: its value when `scalar` is a program constant
   int64_t i = 0;    // Int, also MemoryFormat/Layout enums
   std::vector<int64_t> ints;  // IntList / SymIntList
