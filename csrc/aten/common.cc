@@ -51,13 +51,13 @@ void ResultTypeAccumulator::value(c10::ScalarType dtype, bool zero_dim) {
 }
 
 void ResultTypeAccumulator::scalar(const c10::Scalar& sc) {
-  scalar_kind(sc.isFloatingPoint() ? at::kDouble : sc.isBoolean() ? at::kBool : at::kLong);
+  scalar_kind(sc.isFloatingPoint() ? at::kDouble : sc.isBoolean() ? at::kBool : sc.isComplex() ? at::kComplexDouble : at::kLong);
 }
 
 void ResultTypeAccumulator::scalar_kind(c10::ScalarType kind) {
   // One wrapped 0-d tensor per kind (the flag makes it promote as a Python number).
-  thread_local at::Tensor d, l, b;
-  at::Tensor& w = kind == at::kDouble ? d : kind == at::kLong ? l : b;
+  thread_local at::Tensor d, l, b, z;
+  at::Tensor& w = kind == at::kDouble ? d : kind == at::kLong ? l : kind == at::kComplexDouble ? z : b;
   if (!w.defined()) {
     w = at::scalar_tensor(0, at::TensorOptions().device(c10::kCPU).dtype(kind));
     w.unsafeGetTensorImpl()->set_wrapped_number(true);
@@ -80,6 +80,7 @@ bool supported_dtype(c10::ScalarType t) {
     case c10::kLong: case c10::kHalf: case c10::kBFloat16: case c10::kFloat: case c10::kDouble:
     case c10::kUInt16: case c10::kUInt32: case c10::kUInt64:
     case c10::kFloat8_e4m3fn: case c10::kFloat8_e5m2:
+    case c10::kComplexFloat: case c10::kComplexDouble:
       return true;
     default:
       return false;
@@ -103,6 +104,8 @@ ElemType elem_of(c10::ScalarType t) {
     case c10::kUInt64: return ElemType::U64;
     case c10::kFloat8_e4m3fn: return ElemType::F8E4M3FN;
     case c10::kFloat8_e5m2: return ElemType::F8E5M2;
+    case c10::kComplexFloat: return ElemType::C64;
+    case c10::kComplexDouble: return ElemType::C128;
     default:
       TORCH_CHECK_TYPE(false, "torch_tpu does not support dtype ", t,
                        " on the tpu device; keep such tensors on the CPU");
@@ -126,6 +129,8 @@ c10::ScalarType scalar_of(ElemType t) {
     case ElemType::U64: return c10::kUInt64;
     case ElemType::F8E4M3FN: return c10::kFloat8_e4m3fn;
     case ElemType::F8E5M2: return c10::kFloat8_e5m2;
+    case ElemType::C64: return c10::kComplexFloat;
+    case ElemType::C128: return c10::kComplexDouble;
   }
   return c10::kFloat;
 }

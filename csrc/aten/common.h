@@ -37,7 +37,7 @@ class ResultTypeAccumulator {
   void value(c10::ScalarType dtype, bool zero_dim);
   // A Python number: only its kind (float, int, bool) matters.
   void scalar(const c10::Scalar& sc);
-  void scalar_kind(c10::ScalarType kind);  // kDouble, kLong or kBool
+  void scalar_kind(c10::ScalarType kind);  // kDouble, kLong, kBool or kComplexDouble
   // The result type; `fallback` when nothing took part or the result is no tpu dtype.
   c10::ScalarType result(c10::ScalarType fallback) const;
 

@@ -53,7 +53,8 @@ at::Tensor to_host(const at::Tensor& src) {
   ElemType e = elem_of(src.scalar_type());
   int64_t n = static_cast<int64_t>(st.nbytes) / elem_bytes(e);
   bool same_width = st.buffer && shlo::bit_width(st.elem) == shlo::bit_width(e) &&
-                    (st.elem == ElemType::Pred) == (e == ElemType::Pred);
+                    (st.elem == ElemType::Pred) == (e == ElemType::Pred) &&
+                    shlo::is_complex(st.elem) == shlo::is_complex(e);
   if (!st.buffer) {  // never written: uninitialized memory reads as zeros
     host.zero_();
     return host;

@@ -27,12 +27,11 @@ int64_t double_bits(double d) {
   return bits;
 }
 
-// A Python scalar's word: its kind, and its value when a plan constant (const_scalar_index);
-// nullopt for complex (not lowered).
+// A Python scalar's word: its kind, and its value when a plan constant (const_scalar_index;
+// never complex, a complex128 operand).
 std::optional<int64_t> scalar_word(const c10::Scalar& sc) {
-  if (sc.isComplex()) return std::nullopt;
   const auto k = const_scalar_index(sc);
-  return (kScalar * 16 + (sc.isFloatingPoint() ? 1 : sc.isBoolean() ? 2 : 3)) * 16 + (k ? *k + 1 : 0);
+  return (kScalar * 16 + (sc.isFloatingPoint() ? 1 : sc.isBoolean() ? 2 : sc.isComplex() ? 4 : 3)) * 16 + (k ? *k + 1 : 0);
 }
 }  // namespace
 

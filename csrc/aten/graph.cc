@@ -80,7 +80,10 @@ c10::ScalarType common_dtype(const GraphNode& node, const std::unordered_map<int
       }
       case ArgKind::NumberValue: {
         const ElemType e = vals.at(a.value_ids[0]).elem();
-        promotion.scalar_kind(shlo::is_float(e) ? at::kDouble : e == ElemType::Pred ? at::kBool : at::kLong);
+        promotion.scalar_kind(shlo::is_float(e)     ? at::kDouble
+                              : shlo::is_complex(e) ? at::kComplexDouble
+                              : e == ElemType::Pred ? at::kBool
+                                                    : at::kLong);
         break;
       }
       case ArgKind::FloatScalar: promotion.scalar_kind(at::kDouble); break;
@@ -280,6 +283,15 @@ void lower_node(Builder& b, const GraphDesc& desc, size_t node_index, std::unord
   } else {
     try {
       size_t ncodes = b.error_codes().size();
+      if (!entry->complex) {  // lowerings written for real numbers never see complex values
+        bool any = shlo::is_complex(call.common);
+        for (const Type& t : call.outs) any |= shlo::is_complex(t.elem);
+        for (const auto& [name, a] : call.args) {
+          any |= a.kind == Arg::Kind::Tensor && shlo::is_complex(a.tensor.elem());
+          for (const auto& t : a.tensors) any |= t && shlo::is_complex(t->elem());
+        }
+        if (any) throw lowering::Unsupported("no complex lowering");
+      }
       b.set_checking(checks && !desc.plain_outputs && entry->checked && runtime::device_checks());
       res = entry->fn(b, call);
       b.set_checking(false);

@@ -89,8 +89,11 @@ runtime::HostOperand host_operand(const c10::Scalar& sc) {
     h.elem = ElemType::S64;
     int64_t v = sc.toLong();
     std::memcpy(h.bytes, &v, 8);
-  } else {
-    throw lowering::Unsupported("complex scalars are not supported on tpu");
+  } else {  // complex: a complex<f64> operand (bytes: re, im), like ATen's wrapped number
+    h.elem = ElemType::C128;
+    const c10::complex<double> v = sc.toComplexDouble();
+    static_assert(sizeof(v) <= sizeof(h.bytes));
+    std::memcpy(h.bytes, &v, sizeof(v));
   }
   return h;
 }

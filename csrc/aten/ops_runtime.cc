@@ -20,6 +20,8 @@
 #include <ATen/ops/empty_strided.h>
 #include <ATen/ops/unfold_native.h>
 #include <ATen/ops/view_native.h>
+#include <ATen/ops/view_as_complex_native.h>
+#include <ATen/ops/view_as_real_native.h>
 
 #include "ops_runtime.h"
 #include "allocator.h"
@@ -108,6 +110,14 @@ at::Tensor& set_empty(at::Tensor& self) {
   return set_storage(self, std::move(s), 0, {0}, {});
 }
 
+// PyTorch's copy_ semantics for the lazy conjugate / negative bits (the Conjugate and Negative
+// fallbacks pass copy_ through to the backend): the stored values are copied, then the bit
+// difference is applied to the destination.
+void apply_bit_difference(const at::Tensor& dst, const at::Tensor& src) {
+  if (dst.is_conj() != src.is_conj()) dst.conj_physical_();
+  if (dst.is_neg() != src.is_neg()) dst.neg_();
+}
+
 at::Tensor& copy_(at::Tensor& self, const at::Tensor& src, bool) {
   // CPU's copy_: nothing to do for the same data, else TensorIterator's overlap checks.
   if (self.is_same(src) || (self.is_alias_of(src) && self.storage_offset() == src.storage_offset() &&
@@ -116,17 +126,20 @@ at::Tensor& copy_(at::Tensor& self, const at::Tensor& src, bool) {
     return self;
   check_write_overlap(self, &src, 1);
   copy_into(self, src);
+  apply_bit_difference(self, src);
   return self;
 }
 
 at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool) {
   copy_into(dst, self);
+  apply_bit_difference(dst, self);
   return dst;
 }
 
 at::Tensor copy_from_and_resize(const at::Tensor& self, const at::Tensor& dst) {
   if (dst.numel() == 0 || dst.sizes() != self.sizes()) dst.resize_(self.sizes());
   copy_into(dst, self);
+  apply_bit_difference(dst, self);
   return dst;
 }
 
@@ -237,6 +250,10 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("view", at::native::view);
   m.impl("_reshape_alias", at::native::_reshape_alias);
   m.impl("unfold", at::native::unfold);
+  // Dtype views between complex and its real pairs: metadata only; a storage read as the other
+  // type is retyped on the device (aten/plan_call.cc retype_storage).
+  m.impl("view_as_real", at::native::view_as_real);
+  m.impl("view_as_complex", at::native::view_as_complex);
   m.impl("resize_", resize_);
   m.impl("set_.source_Storage", set_source_storage);
   m.impl("set_.source_Storage_storage_offset", set_source_storage_offset);

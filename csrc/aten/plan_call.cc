@@ -41,6 +41,12 @@ using runtime::Plan;
 using runtime::Slot;
 using runtime::TensorRef;
 
+// Same width and both or neither bool / complex: programs reinterpret such storages in place.
+bool same_width(ElemType a, ElemType b) {
+  return shlo::bit_width(a) == shlo::bit_width(b) && (a == ElemType::Pred) == (b == ElemType::Pred) &&
+         shlo::is_complex(a) == shlo::is_complex(b);
+}
+
 // A storage filled by an untyped byte copy (torch.load restores UntypedStorage bytes) holds a u8
 // buffer. The first op reading it as another width reinterprets the bytes once on the device
 // (bitcast; bytes stay in memory order) and retypes the storage, instead of falling back.
@@ -48,6 +54,7 @@ void retype_storage(StorageState& st, ElemType to) {
   fused_flush();  // a pending fused value of this storage has the old type
   std::lock_guard<std::mutex> lock(st.mu);
   ElemType from = st.elem;
+  if (same_width(from, to)) return;  // the flushed pending value has the type already
   int64_t fb = elem_bytes(from), tb = elem_bytes(to);
   if (from == ElemType::Pred || to == ElemType::Pred || static_cast<int64_t>(st.nbytes) % tb != 0 ||
       static_cast<int64_t>(st.nbytes) % fb != 0)
@@ -55,18 +62,31 @@ void retype_storage(StorageState& st, ElemType to) {
   int64_t n_from = static_cast<int64_t>(st.nbytes) / fb, n_to = static_cast<int64_t>(st.nbytes) / tb;
   shlo::Builder b;
   Value x = b.reshape(b.arg(Type{from, shlo::Shape(st.dims.begin(), st.dims.end())}), {n_from});
-  Value y = fb < tb   ? b.bitcast(b.reshape(x, {n_to, tb / fb}), Type{to, {n_to}})
-            : fb > tb ? b.reshape(b.bitcast(x, Type{to, {n_from, fb / tb}}), {n_to})
-                      : b.bitcast(x, Type{to, {n_to}});
+  // bitcast_convert excludes complex: a complex storage is its (re, im) part pairs in memory
+  // order (view_as_real), split or joined with real/imag/complex around the bitcast.
+  if (shlo::is_complex(from)) {
+    shlo::Shape pair{n_from, 1};
+    x = b.reshape(b.concatenate({b.reshape(b.real(x), pair), b.reshape(b.imag(x), pair)}, 1), {2 * n_from});
+    from = shlo::part_type(from);
+    fb /= 2;
+    n_from *= 2;
+  }
+  const ElemType to_bits = shlo::part_type(to);
+  const int64_t tbits = elem_bytes(to_bits), n_bits = static_cast<int64_t>(st.nbytes) / tbits;
+  Value y = x.elem() == to_bits ? x
+            : fb < tbits ? b.bitcast(b.reshape(x, {n_bits, tbits / fb}), Type{to_bits, {n_bits}})
+            : fb > tbits ? b.reshape(b.bitcast(x, Type{to_bits, {n_from, fb / tbits}}), {n_bits})
+                         : b.bitcast(x, Type{to_bits, {n_bits}});
+  if (shlo::is_complex(to)) {
+    y = b.reshape(y, {n_to, 2});
+    y = b.complex(b.reshape(b.slice(y, {0, 0}, {n_to, 1}), {n_to}), b.reshape(b.slice(y, {0, 1}, {n_to, 2}), {n_to}));
+  }
   auto exe = runtime::CompileCache::get().get_or_compile(b.module({y}), "retype storage",
                                                          std::string("storage bytes read as ") + shlo::mlir_name(to));
   auto outs = runtime::Executor::get().launch(*exe, st.device, {st.buffer->raw()}, {}, "retype storage");
   st.hold(outs[0], to, {n_to});
 }
 
-bool same_width(ElemType a, ElemType b) {
-  return shlo::bit_width(a) == shlo::bit_width(b) && (a == ElemType::Pred) == (b == ElemType::Pred);
-}
 
 // Builds a Plan and its first Call together: tensors become slots (deduplicated by storage) and
 // views, host values become operands; every slot and operand remembers where in the boxed call
@@ -102,7 +122,7 @@ class Planner {
 
   void host_scalar(const c10::Scalar& sc, CallSource src) {
     HostOperand h = host_operand(sc);
-    p_.key += h.elem == ElemType::F64 ? "Sf;" : h.elem == ElemType::Pred ? "Sb;" : "Si;";
+    p_.key += h.elem == ElemType::F64 ? "Sf;" : h.elem == ElemType::Pred ? "Sb;" : h.elem == ElemType::C128 ? "Sc;" : "Si;";
     add_host(h, src);
   }
 
@@ -479,6 +499,19 @@ void materialize(const at::Tensor& t) {
 void run_lowering(const std::string& name, const std::string& overload,
                   const lowering::OpEntry& entry, const std::vector<NamedArg>& args,
                   const std::vector<at::Tensor>& outs, c10::ScalarType common, PlannedCall* record) {
+  // Lowerings written for real numbers never see complex values (OpEntry::complex): such a call
+  // runs on the CPU fallback.
+  if (!entry.complex) {
+    auto cplx = [](const at::Tensor& t) { return t.defined() && c10::isComplexType(t.scalar_type()); };
+    bool any = c10::isComplexType(common) || std::any_of(outs.begin(), outs.end(), cplx);
+    for (const NamedArg& a : args) {
+      const c10::IValue& v = a.value;
+      if (v.isTensor()) any |= cplx(v.toTensor());
+      else if (v.isList())
+        for (const c10::IValue& e : v.toListRef()) any |= e.isTensor() && cplx(e.toTensor());
+    }
+    if (any) throw lowering::Unsupported("aten::" + name + " has no complex lowering");
+  }
   // TensorIterator's memory-overlap rule for pointwise ops (OpEntry::writes_may_overlap).
   if (entry.elementwise && !entry.writes_may_overlap) check_call_overlap(args, outs);
   auto plan_ptr = std::make_shared<Plan>();

@@ -68,7 +68,7 @@ double const_scalar_value(int index);
 // wrapped-number 0-d CPU tensor): nullopt for any other tensor, whose value stays an operand.
 std::optional<int> const_scalar_index(const at::Tensor& t);
 
-// Host operand values: a Python scalar (complex: lowering::Unsupported) or a 0-d CPU tensor.
+// Host operand values: a Python scalar (complex: a complex128 operand) or a 0-d CPU tensor.
 runtime::HostOperand host_operand(const c10::Scalar& sc);
 runtime::HostOperand host_operand(const at::Tensor& t);
 

@@ -3,7 +3,7 @@
 
 namespace tpu::lowering {
 
-TPU_LOWER_WITH(copy, .elementwise = true, .writes_may_overlap = true) {  // copy_ checks overlap itself
+TPU_LOWER_WITH(copy, .elementwise = true, .writes_may_overlap = true, .complex = true) {  // copy_ checks overlap itself
   const Type& o = out_type(c);
   return {cast_to(b, c.tensor("src"), o.elem, o.shape)};
 }

@@ -107,19 +107,19 @@ std::vector<Value> clamp_impl(Builder& b, const OpCall& c, const char* lo, const
 }  // namespace
 
 // ------------------------------------------------------------------ arithmetic
-TPU_LOWER_ELEMENTWISE(add) {
+TPU_LOWER_ELEMENTWISE_COMPLEX(add) {
   ElemType t = arith(c);
   return {add_scaled(b, c, input_as(b, c, "self", t), input_as(b, c, "other", t))};
 }
-TPU_LOWER_ELEMENTWISE(sub) {
+TPU_LOWER_ELEMENTWISE_COMPLEX(sub) {
   ElemType t = arith(c);
   return {sub_scaled(b, c, input_as(b, c, "self", t), input_as(b, c, "other", t))};
 }
-TPU_LOWER_ELEMENTWISE(rsub) {
+TPU_LOWER_ELEMENTWISE_COMPLEX(rsub) {
   ElemType t = arith(c);
   return {sub_scaled(b, c, input_as(b, c, "other", t), input_as(b, c, "self", t))};
 }
-TPU_LOWER_ELEMENTWISE(mul) {
+TPU_LOWER_ELEMENTWISE_COMPLEX(mul) {
   ElemType t = arith(c);
   Value x = input_as(b, c, "self", t), y = input_as(b, c, "other", t);
   return {t == ElemType::Pred ? b.and_(x, y) : b.mul(x, y)};
@@ -130,8 +130,9 @@ void check_divisor(Builder& b, Value d) {
   if (b.checking() && is_integral(d.elem())) check(b, eq(b, d, zero(b, d)), CheckKind::Runtime, "ZeroDivisionError");
 }
 
-TPU_LOWER_WITH(div, .elementwise = true, .checked = true) {
+TPU_LOWER_WITH(div, .elementwise = true, .checked = true, .complex = true) {
   std::string mode = c.str("rounding_mode", "");
+  if (is_complex(c.common) && !mode.empty()) throw Unsupported("div: rounding_mode on complex");
   if (mode.empty()) {
     ElemType t = float_type(c);
     return {b.div(input_as(b, c, "self", t), input_as(b, c, "other", t))};
@@ -259,7 +260,7 @@ TPU_LOWER_ELEMENTWISE(addcdiv) {
   Value q = b.div(b.mul(input_as(b, c, "value", t), input_as(b, c, "tensor1", t)), input_as(b, c, "tensor2", t));
   return {b.add(input_as(b, c, "self", t), q)};
 }
-TPU_LOWER_ELEMENTWISE(where) {
+TPU_LOWER_ELEMENTWISE_COMPLEX(where) {
   if (!c.has("self")) throw Unsupported("where(condition) is not pointwise");
   ElemType t = c.common;
   Value cond = input_as(b, c, "condition", ElemType::Pred);
@@ -282,8 +283,8 @@ TPU_LOWER_ELEMENTWISE(logaddexp) { return {logaddexp_impl(b, c, false)}; }
 TPU_LOWER_ELEMENTWISE(logaddexp2) { return {logaddexp_impl(b, c, true)}; }
 
 // ------------------------------------------------------------------ comparisons, logic, bits
-TPU_LOWER_ELEMENTWISE(eq) { return compare_op(b, c, Cmp::EQ); }
-TPU_LOWER_ELEMENTWISE(ne) { return compare_op(b, c, Cmp::NE); }
+TPU_LOWER_ELEMENTWISE_COMPLEX(eq) { return compare_op(b, c, Cmp::EQ); }
+TPU_LOWER_ELEMENTWISE_COMPLEX(ne) { return compare_op(b, c, Cmp::NE); }
 TPU_LOWER_ELEMENTWISE(lt) { return compare_op(b, c, Cmp::LT); }
 TPU_LOWER_ELEMENTWISE(le) { return compare_op(b, c, Cmp::LE); }
 TPU_LOWER_ELEMENTWISE(gt) { return compare_op(b, c, Cmp::GT); }

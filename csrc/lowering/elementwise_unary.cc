@@ -50,6 +50,7 @@ Value poly(Builder& b, Value x, std::initializer_list<double> cs) {
 // PyTorch chose for the output.
 ElemType float_type(const OpCall& c) {
   if (is_float(c.common)) return opmath(c.common);
+  if (is_complex(c.common)) return c.common;  // only ops declared .complex get here
   ElemType o = out_type(c).elem;
   return is_float(o) ? opmath(o) : ElemType::F32;
 }
@@ -332,7 +333,7 @@ Value rounding(Builder& b, const OpCall& c, const char* op) {
     Value x = self_f(b, c);                           \
     return {__VA_ARGS__};                             \
   }
-TPU_FLOAT_UNARY(exp, b.exp(x))
+TPU_LOWER_ELEMENTWISE_COMPLEX(exp) { return {b.exp(self_f(b, c))}; }  // XLA's complex exp too
 TPU_FLOAT_UNARY(exp2, b.pow(like_const(b, 2, x), x))
 TPU_FLOAT_UNARY(expm1, expm1(b, x))
 TPU_FLOAT_UNARY(log, b.log(x))
@@ -360,7 +361,11 @@ TPU_FLOAT_UNARY(erfc, erfc(b, x))
 TPU_FLOAT_UNARY(erfinv, erfinv(b, x))
 TPU_FLOAT_UNARY(deg2rad, b.mul(x, like_const(b, kPi / 180, x)))
 TPU_FLOAT_UNARY(rad2deg, b.mul(x, like_const(b, 180 / kPi, x)))
-TPU_FLOAT_UNARY(angle, b.select(isnan(b, x), x, b.select(lt(b, x, like_const(b, 0, x)), like_const(b, kPi, x), like_const(b, 0, x))))
+TPU_LOWER_ELEMENTWISE_COMPLEX(angle) {
+  Value x = self_f(b, c);
+  if (is_complex(x.elem())) return {b.binary("atan2", b.imag(x), b.real(x))};  // std::arg
+  return {b.select(isnan(b, x), x, b.select(lt(b, x, like_const(b, 0, x)), like_const(b, kPi, x), like_const(b, 0, x)))};
+}
 TPU_FLOAT_UNARY(silu, b.div(x, b.add(like_const(b, 1, x), b.exp(b.neg(x)))))
 TPU_FLOAT_UNARY(mish, b.mul(x, tanh(b, log1p(b, b.exp(x)))))
 TPU_FLOAT_UNARY(hardsigmoid,
@@ -454,7 +459,15 @@ static Value sign_impl(Builder& b, const OpCall& c) {
   return b.select(gt(b, x, z), like_const(b, 1, x), b.select(lt(b, x, z), like_const(b, -1, x), z));
 }
 TPU_LOWER_ELEMENTWISE(sign) { return {sign_impl(b, c)}; }
-TPU_LOWER_ELEMENTWISE(sgn) { return {sign_impl(b, c)}; }
+TPU_LOWER_ELEMENTWISE_COMPLEX(sgn) {
+  if (!is_complex(c.common)) return {sign_impl(b, c)};
+  // z / |z| part by part (c10's sgn_impl divides by the real |z|), 0 at 0.
+  Value z = input_as(b, c, "self", c.common);
+  Value r = b.op("abs", {z}, Type{part_type(z.elem()), z.shape()});
+  Value zero = eq(b, r, b.zeros(r.type));
+  Value d = b.select(zero, like_const(b, 1, r), r);
+  return {b.select(zero, b.zeros(z.type), b.complex(b.div(b.real(z), d), b.div(b.imag(z), d)))};
+}
 TPU_LOWER_ELEMENTWISE(signbit) { return {signbit(b, input_as(b, c, "self", c.common))}; }
 TPU_LOWER_ELEMENTWISE(floor) { return {rounding(b, c, "floor")}; }
 TPU_LOWER_ELEMENTWISE(ceil) { return {rounding(b, c, "ceil")}; }
@@ -478,12 +491,13 @@ TPU_LOWER_ELEMENTWISE(round) {
 }
 
 // ---- integer / bool bit ops and predicates
-TPU_LOWER_ELEMENTWISE(abs) {
+TPU_LOWER_ELEMENTWISE_COMPLEX(abs) {
   Value x = self_c(b, c);
+  if (is_complex(x.elem())) return {b.op("abs", {x}, Type{part_type(x.elem()), x.shape()})};  // |z|, real
   if (is_unsigned(x.elem()) || x.elem() == ElemType::Pred) return {x};
   return {b.abs(x)};
 }
-TPU_LOWER_ELEMENTWISE(neg) {
+TPU_LOWER_ELEMENTWISE_COMPLEX(neg) {
   Value x = self_c(b, c);
   if (is_unsigned(x.elem())) return {b.sub(b.zeros(x.type), x)};
   if (x.elem() == ElemType::Pred) throw Unsupported("neg of bool");

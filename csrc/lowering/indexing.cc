@@ -352,7 +352,7 @@ Value take_rows(Builder& b, Value table, Value idx, const Bound& bound = {}) {
 }  // namespace
 
 // ---------------------------------------------------------------- index_select / gather
-TPU_LOWER_INDEXING(index_select) {
+TPU_LOWER_WITH(index_select, .checked = true, .cpu_index_args = true, .complex = true) {
   Value self = c.tensor("self");
   Value index = c.tensor("index");
   const Type& o = out_type(c);
@@ -446,7 +446,7 @@ TPU_LOWER_INDEXING(scatter_reduce) {
 }
 
 // ---------------------------------------------------------------- advanced indexing
-TPU_LOWER_WITH(index, .host_bool_indices = true, .checked = true, .cpu_index_args = true) {
+TPU_LOWER_WITH(index, .host_bool_indices = true, .checked = true, .cpu_index_args = true, .complex = true) {
   Value self = c.tensor("self");
   const Type& o = out_type(c);
   AdvIndex a = adv_index(b, c.arg("indices"), self.shape());
@@ -601,7 +601,7 @@ TPU_LOWER_INDEXING(index_fill) {
 }
 
 // ---------------------------------------------------------------- masked ops
-TPU_LOWER(masked_fill) {
+TPU_LOWER_COMPLEX(masked_fill) {
   const Type& o = out_type(c);
   Value self = b.broadcast_to(c.tensor("self"), o.shape);
   Value mask = b.broadcast_to(b.convert(c.tensor("mask"), ElemType::Pred), o.shape);

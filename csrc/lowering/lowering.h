@@ -30,7 +30,7 @@ struct Arg {
   Kind kind = Kind::None;
   Value tensor;                              // Tensor
   std::vector<std::optional<Value>> tensors; // TensorList / OptTensorList (nullopt = None entry)
-  Value scalar;     // Scalar: a 0-d f64/i64/i1 runtime operand (a constant for -1, 0, 1, 2, ...)
+  Value scalar;     // Scalar: a 0-d f64/i64/i1/c128 runtime operand (a constant for -1, 0, 1, 2, ...)
   std::optional<double> scalar_value;  // Scalar: its value when `scalar` is a program constant
   int64_t i = 0;    // Int, also MemoryFormat/Layout enums
   std::vector<int64_t> ints;  // IntList / SymIntList
@@ -140,6 +140,10 @@ struct OpEntry {
   // Index arguments ("index"/"indices") may be CPU tensors, as CUDA accepts: the boxed kernel
   // moves them to the op's tpu device once per call (CPU bool masks of `index` stay on the host).
   bool cpu_index_args = false;
+  // Handles complex<f32>/<f64> values (torch.complex64/128). Any other op given a complex tensor
+  // or a complex result type is refused when planned (Unsupported: the CPU fallback runs it), so
+  // a lowering written for real numbers never sees complex values.
+  bool complex = false;
 };
 
 void register_op(const std::string& name, OpEntry entry);
@@ -184,8 +188,11 @@ struct HostSyncRegistrar {
       [[maybe_unused]] const ::tpu::lowering::OpCall& c)
 #define TPU_LOWER(opname) TPU_LOWER_WITH(opname)
 #define TPU_LOWER_ELEMENTWISE(opname) TPU_LOWER_WITH(opname, .elementwise = true)
+#define TPU_LOWER_COMPLEX(opname) TPU_LOWER_WITH(opname, .complex = true)
+#define TPU_LOWER_ELEMENTWISE_COMPLEX(opname) TPU_LOWER_WITH(opname, .elementwise = true, .complex = true)
 #define TPU_LOWER_RANDOM(opname) TPU_LOWER_WITH(opname, .elementwise = true, .random = true)  // pointwise over the output
 #define TPU_LOWER_GRAPH(opname) TPU_LOWER_WITH(opname, .graph_only = true)
+#define TPU_LOWER_GRAPH_COMPLEX(opname) TPU_LOWER_WITH(opname, .graph_only = true, .complex = true)
 #define TPU_HOST_SYNC(opname) \
   static ::tpu::lowering::HostSyncRegistrar TPU_LOWERING_CAT(host_sync_, opname)(#opname)
 #define TPU_LOWER_CHECKED(opname) TPU_LOWER_WITH(opname, .checked = true)

@@ -121,18 +121,30 @@ std::vector<int64_t> bool_reduce_dims(const OpCall& c, int64_t rank) {
 }  // namespace
 
 // ------------------------------------------------------------------ sum / mean / prod
-TPU_LOWER(sum) {
+// Complex sum / mean: the real and imaginary parts reduce separately (the float paths).
+TPU_LOWER_COMPLEX(sum) {
   const Type& o = out_type(c);
   Value x = c.tensor("self");
   auto dims = reduce_dims(c, "dim", x.rank());
+  if (is_complex(o.elem)) {
+    Value xc = b.convert(x, o.elem);
+    Type po{part_type(o.elem), o.shape};
+    return {b.complex(fit(b, row_sum(b, b.real(xc), dims), po), fit(b, row_sum(b, b.imag(xc), dims), po))};
+  }
   return {fit(b, row_sum(b, input_as(b, x, o.elem), dims), o)};
 }
 
-TPU_LOWER(mean) {
+TPU_LOWER_COMPLEX(mean) {
   const Type& o = out_type(c);
   Value x = c.tensor("self");
-  if (!shlo::is_float(o.elem)) throw Unsupported("mean: non-float output");
   auto dims = reduce_dims(c, "dim", x.rank());
+  if (is_complex(o.elem)) {
+    Value xc = b.convert(x, o.elem);
+    Type po{part_type(o.elem), o.shape};
+    const int64_t n = reduced_numel(x.shape(), dims);
+    return {b.complex(fit(b, row_mean(b, b.real(xc), dims, n), po), fit(b, row_mean(b, b.imag(xc), dims, n), po))};
+  }
+  if (!shlo::is_float(o.elem)) throw Unsupported("mean: non-float output");
   return {fit(b, row_mean(b, input_as(b, x, o.elem), dims, reduced_numel(x.shape(), dims)), o)};
 }
 

@@ -123,7 +123,7 @@ Value scalar_value(Builder& b, const Arg& a, ElemType t) { return operand(b, a, 
 }  // namespace
 
 // ---------------------------------------------------------------- cat / stack
-TPU_LOWER(cat) {
+TPU_LOWER_COMPLEX(cat) {
   const Type& o = out_type(c);
   std::vector<Value> xs;
   for (const auto& t : c.arg("tensors").tensors) {
@@ -143,7 +143,7 @@ TPU_LOWER(cat) {
   return {b.concatenate(parts, dim)};
 }
 
-TPU_LOWER(stack) {
+TPU_LOWER_COMPLEX(stack) {
   const Type& o = out_type(c);
   const auto& ts = c.arg("tensors").tensors;
   if (ts.empty() || !ts[0]) throw Unsupported("stack: empty list");
@@ -644,11 +644,11 @@ TPU_LOWER(eye) {
   return {b.select(eq, b.constant_i(1, o.elem, o.shape), b.zeros(o))};
 }
 
-TPU_LOWER_WITH(fill, .elementwise = true, .writes_may_overlap = true) {
+TPU_LOWER_WITH(fill, .elementwise = true, .writes_may_overlap = true, .complex = true) {
   const Type& o = out_type(c);
   return {operand(b, c.arg("value"), o.elem, o.shape)};
 }
 
-TPU_LOWER_WITH(zero, .elementwise = true, .writes_may_overlap = true) { return {b.zeros(out_type(c))}; }
+TPU_LOWER_WITH(zero, .elementwise = true, .writes_may_overlap = true, .complex = true) { return {b.zeros(out_type(c))}; }
 
 }  // namespace tpu::lowering

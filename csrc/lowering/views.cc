@@ -1,5 +1,6 @@
 // View and copy ops as value computations, for whole-graph programs (torch.compile). Eager never
-// uses these: there, views are metadata over storages (runtime/view_io).
+// uses these: there, views are metadata over storages (runtime/view_io). All are dtype-generic
+// (complex too: TPU_LOWER_GRAPH_COMPLEX).
 #include <algorithm>
 
 #include "lowering.h"
@@ -38,7 +39,7 @@ Value first_tensor(const OpCall& c) {
 }  // namespace
 
 #define TPU_RESHAPE_LIKE(name) \
-  TPU_LOWER_GRAPH(name) { return {b.reshape(first_tensor(c), out_type(c).shape)}; }
+  TPU_LOWER_GRAPH_COMPLEX(name) { return {b.reshape(first_tensor(c), out_type(c).shape)}; }
 TPU_RESHAPE_LIKE(view)
 TPU_RESHAPE_LIKE(_unsafe_view)
 TPU_RESHAPE_LIKE(reshape)
@@ -53,19 +54,19 @@ TPU_RESHAPE_LIKE(contiguous)
 TPU_RESHAPE_LIKE(_to_copy)  // the runtime converts to the output dtype
 #undef TPU_RESHAPE_LIKE
 
-TPU_LOWER_GRAPH(permute) {
+TPU_LOWER_GRAPH_COMPLEX(permute) {
   Value x = c.tensor("self");
   std::vector<int64_t> dims;
   for (int64_t d : c.ints("dims")) dims.push_back(norm_dim(d, x.rank()));
   return {b.transpose(x, dims)};
 }
 
-TPU_LOWER_GRAPH(t) {
+TPU_LOWER_GRAPH_COMPLEX(t) {
   Value x = c.tensor("self");
   return {x.rank() < 2 ? x : b.transpose(x, {1, 0})};
 }
 
-TPU_LOWER_GRAPH(transpose) {
+TPU_LOWER_GRAPH_COMPLEX(transpose) {
   Value x = c.tensor("self");
   std::vector<int64_t> perm(x.rank());
   for (int64_t i = 0; i < x.rank(); ++i) perm[i] = i;
@@ -73,9 +74,9 @@ TPU_LOWER_GRAPH(transpose) {
   return {b.transpose(x, perm)};
 }
 
-TPU_LOWER_GRAPH(expand) { return {b.broadcast_to(c.tensor("self"), out_type(c).shape)}; }
+TPU_LOWER_GRAPH_COMPLEX(expand) { return {b.broadcast_to(c.tensor("self"), out_type(c).shape)}; }
 
-TPU_LOWER_GRAPH(slice) {
+TPU_LOWER_GRAPH_COMPLEX(slice) {
   Value x = c.tensor("self");
   int64_t dim = norm_dim(c.int_("dim"), x.rank());
   int64_t size = x.shape()[dim];
@@ -91,7 +92,7 @@ TPU_LOWER_GRAPH(slice) {
   return {b.slice(x, st, lim, strides)};
 }
 
-TPU_LOWER_GRAPH(select) {
+TPU_LOWER_GRAPH_COMPLEX(select) {
   Value x = c.tensor("self");
   int64_t dim = norm_dim(c.int_("dim"), x.rank());
   int64_t idx = c.int_("index");
@@ -102,12 +103,12 @@ TPU_LOWER_GRAPH(select) {
   return {b.reshape(b.slice(x, st, lim), out_type(c).shape)};
 }
 
-TPU_LOWER_GRAPH(as_strided) {
+TPU_LOWER_GRAPH_COMPLEX(as_strided) {
   Value x = c.tensor("self");
   return {strided_read(b, x, out_type(c).shape, c.ints("stride"), c.int_("storage_offset", 0))};
 }
 
-TPU_LOWER_GRAPH(diagonal) {
+TPU_LOWER_GRAPH_COMPLEX(diagonal) {
   Value x = c.tensor("self");
   int64_t d1 = norm_dim(c.int_("dim1", 0), x.rank()), d2 = norm_dim(c.int_("dim2", 1), x.rank());
   int64_t off = c.int_("offset", 0);
@@ -135,12 +136,12 @@ static std::vector<Value> split_along(Builder& b, Value x, int64_t dim, const st
   return out;
 }
 
-TPU_LOWER_GRAPH(split_with_sizes) {
+TPU_LOWER_GRAPH_COMPLEX(split_with_sizes) {
   Value x = c.tensor("self");
   return split_along(b, x, norm_dim(c.int_("dim"), x.rank()), c.ints("split_sizes"));
 }
 
-TPU_LOWER_GRAPH(split) {
+TPU_LOWER_GRAPH_COMPLEX(split) {
   Value x = c.tensor("self");
   int64_t dim = norm_dim(c.int_("dim"), x.rank());
   std::vector<int64_t> sizes;
@@ -148,7 +149,7 @@ TPU_LOWER_GRAPH(split) {
   return split_along(b, x, dim, sizes);
 }
 
-TPU_LOWER_GRAPH(unbind) {
+TPU_LOWER_GRAPH_COMPLEX(unbind) {
   Value x = c.tensor("self");
   int64_t dim = norm_dim(c.int_("dim", 0), x.rank());
   std::vector<Value> out;
@@ -166,23 +167,23 @@ TPU_LOWER_GRAPH(unbind) {
 namespace tpu::lowering {
 
 // Creation ops as they appear in compiled graphs (eager runs them through composites).
-TPU_LOWER_GRAPH(scalar_tensor) {
+TPU_LOWER_GRAPH_COMPLEX(scalar_tensor) {
   const Type& o = out_type(c);
   return {operand(b, c.arg("s"), o.elem, o.shape)};
 }
 
-TPU_LOWER_GRAPH(full) {
+TPU_LOWER_GRAPH_COMPLEX(full) {
   const Type& o = out_type(c);
   return {operand(b, c.arg("fill_value"), o.elem, o.shape)};
 }
 
-TPU_LOWER_GRAPH(full_like) {
+TPU_LOWER_GRAPH_COMPLEX(full_like) {
   const Type& o = out_type(c);
   return {operand(b, c.arg("fill_value"), o.elem, o.shape)};
 }
 
 #define TPU_CONST_LIKE(name, v) \
-  TPU_LOWER_GRAPH(name) { return {b.constant_i(v, out_type(c).elem, out_type(c).shape)}; }
+  TPU_LOWER_GRAPH_COMPLEX(name) { return {b.constant_i(v, out_type(c).elem, out_type(c).shape)}; }
 TPU_CONST_LIKE(zeros_like, 0)
 TPU_CONST_LIKE(ones_like, 1)
 TPU_CONST_LIKE(empty_like, 0)

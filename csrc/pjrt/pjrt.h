@@ -67,6 +67,7 @@ enum class ElementType : int {
   U16 = PJRT_Buffer_Type_U16, U32 = PJRT_Buffer_Type_U32, U64 = PJRT_Buffer_Type_U64,
   F16 = PJRT_Buffer_Type_F16, BF16 = PJRT_Buffer_Type_BF16, F32 = PJRT_Buffer_Type_F32,
   F64 = PJRT_Buffer_Type_F64, F8E4M3FN = PJRT_Buffer_Type_F8E4M3FN, F8E5M2 = PJRT_Buffer_Type_F8E5M2,
+  C64 = PJRT_Buffer_Type_C64, C128 = PJRT_Buffer_Type_C128,
 };
 
 class Client;

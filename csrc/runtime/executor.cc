@@ -362,6 +362,7 @@ std::string build_trace(const Pending& p, const std::vector<int>& targets) {
   shlo::Builder b;
   std::vector<Value> value_of(p.storages.size());
   std::vector<int> arg_index(p.storages.size(), -1);
+  std::vector<Type> arg_type(p.storages.size());
   size_t next_storage_arg = 0;
   for (const RecordedOp& op : p.ops) {
     const Plan& plan = *op.plan;
@@ -376,6 +377,7 @@ std::string build_trace(const Pending& p, const std::vector<int>& targets) {
         const TraceArg& a = p.args[next_storage_arg++];
         value_of[id] = b.arg(Type{a.elem, shlo::Shape(a.dims.begin(), a.dims.end())});
         arg_index[id] = b.num_args() - 1;
+        arg_type[id] = value_of[id].type;
       }
       cur[i] = value_of[id];
     }
@@ -387,9 +389,11 @@ std::string build_trace(const Pending& p, const std::vector<int>& targets) {
   }
   std::vector<Value> results;
   for (int id : targets) {
-    if (arg_index[id] >= 0) b.alias(arg_index[id], static_cast<int>(results.size()));
     const Dims& d = p.storages[id].dims;  // what fused_record says the storage will hold
     const shlo::Shape dims(d.begin(), d.end());
+    // Donated only into a result of the same type (a storage read as complex pairs may change).
+    if (arg_index[id] >= 0 && arg_type[id].str() == Type{p.storages[id].elem, dims}.str())
+      b.alias(arg_index[id], static_cast<int>(results.size()));
     results.push_back(value_of[id].shape() == dims ? value_of[id] : b.reshape(value_of[id], dims));
   }
   if (!p.checks.empty()) {  // the device's status: last argument, donated to the last result
@@ -520,9 +524,13 @@ void fused_record(const Call& call) {
   for (size_t i = 0; i < plan.slots.size(); ++i) {
     if (!plan.slots[i].written) continue;
     PendingStorage& ps = p.storages[p.slot_ids[first_id + i]];
+    // A partial write as the other element width (through view_as_real / view_as_complex) makes
+    // the value flat (runtime/view_io as_elem).
+    const bool rewidth = elem_bytes(ps.elem) != elem_bytes(plan.slots[i].elem);
     ps.elem = plan.slots[i].elem;
     // A whole write gives the view's shape; a partial one (always after a read) keeps the dims.
     if (plan.slots[i].whole_write) ps.dims.assign(plan.slots[i].out_dims.begin(), plan.slots[i].out_dims.end());
+    else if (rewidth) ps.dims.assign(1, static_cast<int64_t>(call.st[i]->nbytes) / elem_bytes(ps.elem));
     if (!ps.written) {
       ps.written = true;
       p.written.push_back(p.slot_ids[first_id + i]);

@@ -26,6 +26,8 @@ pjrt::ElementType pjrt_of(shlo::ElemType t) {
     case shlo::ElemType::U64: return pjrt::ElementType::U64;
     case shlo::ElemType::F8E4M3FN: return pjrt::ElementType::F8E4M3FN;
     case shlo::ElemType::F8E5M2: return pjrt::ElementType::F8E5M2;
+    case shlo::ElemType::C64: return pjrt::ElementType::C64;
+    case shlo::ElemType::C128: return pjrt::ElementType::C128;
   }
   return pjrt::ElementType::F32;
 }

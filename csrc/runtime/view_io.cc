@@ -54,6 +54,20 @@ Layout analyze(const ViewDesc& v) {
 
 Value as_elem(Builder& b, Value x, ElemType elem) {
   if (x.elem() == elem) return x;
+  // Complex values <-> their (re, im) pairs in memory order, flat: a storage whose fused pending
+  // value has the other type (view_as_real / view_as_complex; strict eager retypes the storage
+  // first, aten/plan_call.cc). bitcast_convert excludes complex.
+  if (shlo::is_complex(x.elem()) && !shlo::is_complex(elem)) {
+    const int64_t n = x.type.numel();
+    Value f = b.reshape(x, {n, 1});
+    return as_elem(b, b.reshape(b.concatenate({b.real(f), b.imag(f)}, 1), {2 * n}), elem);
+  }
+  if (!shlo::is_complex(x.elem()) && shlo::is_complex(elem)) {
+    Value p = as_elem(b, b.reshape(x, {x.type.numel()}), shlo::part_type(elem));
+    const int64_t n = p.type.numel() / 2;
+    p = b.reshape(p, {n, 2});
+    return b.complex(b.reshape(b.slice(p, {0, 0}, {n, 1}), {n}), b.reshape(b.slice(p, {0, 1}, {n, 2}), {n}));
+  }
   if (shlo::bit_width(x.elem()) != shlo::bit_width(elem) || x.elem() == ElemType::Pred ||
       elem == ElemType::Pred)
     throw std::invalid_argument("torch_tpu: reinterpreting storage between element types of "
@@ -206,6 +220,7 @@ Value write_view(Builder& b, Value storage, Value value, const ViewDesc& v, int6
     return b.transpose(b.reshape(value, real_sizes), to_ord);
   }
   if (storage.id < 0) throw std::logic_error("write_view: partial write needs the old storage");
+  storage = as_elem(b, storage, storage_elem);  // a fused pending value of the other complex-ness
   if (v.numel() == 0) return storage;
   // A partial write keeps the storage's dims: addressed flat, reshaped back (both bitcasts).
   const Shape dims = storage.shape();

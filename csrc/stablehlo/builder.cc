@@ -21,6 +21,7 @@ int bit_width(ElemType t) {
     case ElemType::S8: case ElemType::U8: case ElemType::F8E4M3FN: case ElemType::F8E5M2: return 8;
     case ElemType::S16: case ElemType::U16: case ElemType::F16: case ElemType::BF16: return 16;
     case ElemType::S32: case ElemType::U32: case ElemType::F32: return 32;
+    case ElemType::C128: return 128;
     default: return 64;
   }
 }
@@ -41,6 +42,8 @@ const char* mlir_name(ElemType t) {
     case ElemType::F64: return "f64";
     case ElemType::F8E4M3FN: return "f8E4M3FN";
     case ElemType::F8E5M2: return "f8E5M2";
+    case ElemType::C64: return "complex<f32>";
+    case ElemType::C128: return "complex<f64>";
   }
   return "?";
 }
@@ -236,6 +239,7 @@ std::string float_literal(double v, ElemType t) {
 }  // namespace
 
 Value Builder::constant_f(double v, ElemType t, const Shape& shape) {
+  if (is_complex(t)) return complex(constant_f(v, part_type(t), shape), constant_f(0.0, part_type(t), shape));
   if (!is_float(t)) {
     if (t == ElemType::Pred) return constant_i(v != 0, t, shape);
     return constant_i(static_cast<int64_t>(v), t, shape);
@@ -250,7 +254,7 @@ Value Builder::constant_f(double v, ElemType t, const Shape& shape) {
 }
 
 Value Builder::constant_i(int64_t v, ElemType t, const Shape& shape) {
-  if (is_float(t)) return constant_f(static_cast<double>(v), t, shape);
+  if (is_float(t) || is_complex(t)) return constant_f(static_cast<double>(v), t, shape);
   Type scalar{t, {}};
   std::string lit;
   if (t == ElemType::Pred) {
@@ -299,7 +303,7 @@ Value Builder::binary(std::string_view name, Value a, Value b) {
 
 Value Builder::compare(Cmp dir, Value a, Value b) {
   static const char* names[] = {"EQ", "NE", "LT", "LE", "GT", "GE"};
-  const char* ct = is_float(a.elem()) ? "FLOAT"
+  const char* ct = is_float(a.elem()) || is_complex(a.elem()) ? "FLOAT"
                    : (is_unsigned(a.elem()) || a.elem() == ElemType::Pred) ? "UNSIGNED"
                                                                             : "SIGNED";
   if (a.type.str() != b.type.str())
@@ -349,7 +353,15 @@ Value Builder::clamp(Value lo, Value x, Value hi) { return op("clamp", {lo, x, h
 
 Value Builder::convert(Value x, ElemType to) {
   if (x.elem() == to) return x;
+  // Complex to real keeps the real part (PyTorch's cast); to bool: either part nonzero.
+  if (is_complex(x.elem()) && to == ElemType::Pred)
+    return or_(convert(real(x), to), convert(imag(x), to));
+  if (is_complex(x.elem()) && !is_complex(to)) return convert(real(x), to);
   if (to == ElemType::Pred) return compare(Cmp::NE, x, zeros(x.type));
+  if (is_complex(to) && !is_complex(x.elem())) {  // real -> (x, 0)
+    Value re = convert(x, part_type(to));
+    return complex(re, zeros(re.type));
+  }
   if (is_f8(to)) return convert_to_f8(x, to);
   // c10 casts floats to uint8 through int64 (wrapping: -1.7 -> 255); XLA's direct convert saturates.
   if (to == ElemType::U8 && is_float(x.elem())) x = op("convert", {x}, Type{ElemType::S64, x.shape()});
@@ -372,6 +384,22 @@ Value Builder::convert_to_f8(Value x, ElemType to) {
 }
 
 Value Builder::bitcast(Value x, const Type& to) { return op("bitcast_convert", {x}, to); }
+
+Value Builder::real(Value x) {
+  if (!is_complex(x.elem())) return x;
+  return op("real", {x}, Type{part_type(x.elem()), x.shape()});
+}
+
+Value Builder::imag(Value x) {
+  if (!is_complex(x.elem())) return zeros(x.type);
+  return op("imag", {x}, Type{part_type(x.elem()), x.shape()});
+}
+
+Value Builder::complex(Value re, Value im) {
+  if (re.type.str() != im.type.str())
+    throw std::logic_error("stablehlo.complex: operand types differ: " + re.type.str() + " vs " + im.type.str());
+  return op("complex", {re, im}, Type{complex_type(re.elem()), re.shape()});
+}
 
 // ------------------------------------------------------------------ shape
 Value Builder::reshape(Value x, const Shape& shape) {

@@ -13,13 +13,21 @@
 namespace tpu::shlo {
 
 // F8E4M3FN / F8E5M2: storage and casts (torch.float8_e4m3fn / float8_e5m2); math runs in f32.
-enum class ElemType : uint8_t { Pred, S8, S16, S32, S64, U8, U16, U32, U64, F16, BF16, F32, F64, F8E4M3FN, F8E5M2 };
+// C64 / C128: complex<f32> / complex<f64> (torch.complex64 / complex128), neither float nor integral.
+enum class ElemType : uint8_t { Pred, S8, S16, S32, S64, U8, U16, U32, U64, F16, BF16, F32, F64, F8E4M3FN, F8E5M2, C64, C128 };
 using Shape = std::vector<int64_t>;
 
 bool is_float(ElemType t);
 inline bool is_f8(ElemType t) { return t == ElemType::F8E4M3FN || t == ElemType::F8E5M2; }
 bool is_unsigned(ElemType t);
-inline bool is_integral(ElemType t) { return !is_float(t) && t != ElemType::Pred; }
+inline bool is_complex(ElemType t) { return t == ElemType::C64 || t == ElemType::C128; }
+inline bool is_integral(ElemType t) { return !is_float(t) && !is_complex(t) && t != ElemType::Pred; }
+// The real type of a complex type's parts (C64 -> F32); other types map to themselves.
+inline ElemType part_type(ElemType t) {
+  return t == ElemType::C64 ? ElemType::F32 : t == ElemType::C128 ? ElemType::F64 : t;
+}
+// The complex type whose parts have type t (F32 -> C64, F64 -> C128; others -> C64).
+inline ElemType complex_type(ElemType t) { return t == ElemType::F64 || t == ElemType::C128 ? ElemType::C128 : ElemType::C64; }
 int bit_width(ElemType t);
 const char* mlir_name(ElemType t);
 
@@ -118,6 +126,11 @@ class Builder {
   Value convert(Value x, ElemType to);  // PyTorch cast semantics for bool targets (x != 0)
   Value bitcast(Value x, const Type& to);
   Value convert_to_f8(Value x, ElemType to);
+  // Complex parts: real/imag of a complex value (a real value's imag is zeros), and the
+  // complex value of two same-type real parts.
+  Value real(Value x);
+  Value imag(Value x);
+  Value complex(Value re, Value im);
 
   // ---- shape
   Value reshape(Value x, const Shape& shape);

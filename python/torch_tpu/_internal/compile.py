@@ -32,7 +32,7 @@ from torch_tpu._internal import compile_meta, graph_passes, xla_options
 _DTYPE_INDEX = {
     torch.uint8: 0, torch.int8: 1, torch.int16: 2, torch.int32: 3, torch.int64: 4, torch.float16: 5,
     torch.float32: 6, torch.float64: 7, torch.bool: 11, torch.bfloat16: 15, torch.uint16: 27,
-    torch.uint32: 28, torch.uint64: 29,
+    torch.uint32: 28, torch.uint64: 29, torch.complex64: 9, torch.complex128: 10,
 }
 
 # The graph description's value types are defined once, in C++ (csrc/aten/graph.h), and bound.
