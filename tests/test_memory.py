@@ -49,8 +49,9 @@ def test_freed_device_memory_is_reused_without_page_faults() -> None:
         round_of_temporaries()
     # RUSAGE_SELF counts every thread of the process (a pytest-xdist worker's too), so a stray burst
     # of faults elsewhere can land in one round: judge the median round. A trimmed heap faults all
-    # 16,384 pages back in every round, so the median still catches it.
+    # 16,384 pages back in every round (11,882 measured before the fix), so half of them still catches
+    # it; a loaded xdist worker's median reached 4,097 (buffers landing in another thread's arena).
     faults = sorted(faults_of_one_round() for _ in range(5))
-    assert faults[2] < 0.2 * 16384, faults
+    assert faults[2] < 0.5 * 16384, faults
     torch.tpu.empty_cache()  # returns the kept memory (malloc_trim)
     assert torch.equal((x * 2).cpu(), x.cpu() * 2)

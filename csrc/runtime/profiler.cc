@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <condition_variable>
 #include <mutex>
 #include <string_view>
 #include <unordered_map>
@@ -28,6 +29,11 @@ struct DeviceClock {
   int64_t next_seq = 0;
   std::unordered_map<int, int64_t> last_end;  // per device: end of the last reported launch
   std::vector<Pending> done;                   // completed, not yet reported
+  // Profiled launches whose completion callback has not run yet. PJRT releases a waiter (a d2h,
+  // synchronize) and runs the ready callbacks on another thread in no set order: a flush at a
+  // sync point waits briefly for them, or a loaded machine drops the last launches' device rows.
+  int64_t outstanding = 0;
+  std::condition_variable settled;
 };
 
 DeviceClock& clock() {
@@ -46,6 +52,13 @@ void on_complete(std::unique_ptr<Pending> p) {
   auto& c = clock();
   std::lock_guard<std::mutex> lock(c.mu);
   if (c.done.size() < (1u << 20)) c.done.push_back(std::move(*p));
+  if (--c.outstanding == 0) c.settled.notify_all();
+}
+
+void launch_tracked(int delta) {
+  auto& c = clock();
+  std::lock_guard<std::mutex> lock(c.mu);
+  c.outstanding += delta;
 }
 
 // Callbacks can be delivered late and out of order; a device runs its programs in launch order,
@@ -126,6 +139,7 @@ void track_launch(const Range& launch, const std::vector<pjrt::BufferPtr>& outs,
   uint64_t corr = g_hooks.correlation ? g_hooks.correlation() : 0;
   auto arg = std::make_unique<Arg>(
       Arg{api, std::make_unique<Pending>(Pending{what, launch.start_us(), device, next_seq(), corr})});
+  launch_tracked(+1);  // before registering: the callback may run at once
   PJRT_Event_OnReady_Args a{};
   a.struct_size = PJRT_Event_OnReady_Args_STRUCT_SIZE;
   a.event = r.event;
@@ -143,6 +157,7 @@ void track_launch(const Range& launch, const std::vector<pjrt::BufferPtr>& outs,
   PJRT_Error* err = api->PJRT_Event_OnReady(&a);
   if (err) {
     std::unique_ptr<Arg> p(static_cast<Arg*>(a.user_arg));  // the callback will not run
+    launch_tracked(-1);
     PJRT_Error_Destroy_Args d{};
     d.struct_size = PJRT_Error_Destroy_Args_STRUCT_SIZE;
     d.error = err;
@@ -160,7 +175,9 @@ void flush() {
   std::vector<DeviceEvent> ev;
   {
     auto& c = clock();
-    std::lock_guard<std::mutex> lock(c.mu);
+    std::unique_lock<std::mutex> lock(c.mu);
+    // Launches still running when a d2h returns (later ones) keep this wait to its bound.
+    c.settled.wait_for(lock, std::chrono::milliseconds(50), [&c] { return c.outstanding <= 0; });
     if (c.done.empty()) return;
     std::vector<Pending> done;
     done.swap(c.done);
