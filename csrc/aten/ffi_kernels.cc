@@ -4,8 +4,9 @@
 // The ragged dot at MoE decode sizes is bound by the GEMM, and XLA:CPU's dot is 2.7-5x slower
 // than oneDNN/MKL there (no XLA flag changes that; measured in benchmarks/bench_grouped_mm.py).
 // These handlers run inside the program, on the plugin's buffers, which are host memory: each
-// group's rows are multiplied into its rows of the output (no copy) by the BLAS sgemm ATen's mm
-// uses (float32, called directly), ATen's CPU GEMM (oneDNN, AMX for bf16) or MKL's mixed GEMMs
+// group's rows are multiplied into its rows of the output (no copy) by oneDNN's matmul (float32
+// groups of >= 2^20 MACs) or the BLAS sgemm ATen's mm uses (smaller float32 groups, called
+// directly), ATen's CPU GEMM (oneDNN, AMX for bf16) or MKL's mixed GEMMs
 // (bf16/f16 on CPUs where ATen has no fast kernel for them), split over threads without an OpenMP
 // barrier (run_tasks, ffi_common.h). They read the group sizes / offsets from a device buffer
 // that is ready when the call runs, so nothing syncs with the host and the op stays one node of
