@@ -114,6 +114,25 @@ def test_threaded_column_blocks_strided_and_empty_k(dtype: torch.dtype, path: st
     torch.testing.assert_close(empty.cpu(), torch.zeros(6, 3, dtype=dtype))
 
 
+def test_float32_whole_group_tasks(path: str) -> None:
+    """float32 groups of >= 2**20 multiply-adds run oneDNN's matmul in the host kernel (whole groups
+    as the threads' tasks, largest first), the smaller ones and single rows MKL's sgemm: eight groups
+    of 0..30 rows (decode routing), rows past the groups, both weight layouts and the weight gradient."""
+    g = torch.Generator().manual_seed(11)
+    sizes = [16, 1, 0, 22, 3, 30, 2, 18]
+    lhs, rhs = torch.randn(96, 256, generator=g), torch.randn(8, 256, 512, generator=g) / 16
+    grad = torch.randn(96, 512, generator=g)
+    gs = torch.tensor(sizes, dtype=torch.int32)
+    lt, st = lhs.to("tpu"), gs.to("tpu")
+    ref = torch.ops.torch_tpu.ragged_dot(lhs, rhs, gs)
+    torch.testing.assert_close(torch.tpu.ops.ragged_dot(lt, rhs.to("tpu"), st).cpu(), ref, **TOL[torch.float32])
+    rl = rhs.transpose(1, 2).contiguous().to("tpu")  # nn.Linear layout [G, N, K], a transposed view
+    torch.testing.assert_close(torch.tpu.ops.ragged_dot(lt, rl.transpose(1, 2), st).cpu(), ref, **TOL[torch.float32])
+    wg = torch.tpu.ops.ragged_dot_weight_grad(lt, grad.to("tpu"), st).cpu()
+    torch.testing.assert_close(wg, torch.ops.torch_tpu.ragged_dot_weight_grad(lhs, grad, gs), **TOL[torch.float32])
+    assert wg[2].abs().max() == 0
+
+
 @pytest.mark.parametrize("sizes", [[5, 5, 5, 5], [3, -2, 20, 5]])
 def test_groups_past_the_rows_and_negative_sizes(sizes: list[int], path: str) -> None:
     """sum(group_sizes) > M and negative sizes: the groups are clipped to the M rows and a negative

@@ -1,13 +1,16 @@
 // Shared by the host kernels (aten/ffi_kernels.cc: ragged dot; aten/ffi_conv.cc: convolution;
 // aten/ffi_gemm.cc: matrix products): the XLA FFI headers of the installed jaxlib, pinned to the API
 // version the plugin runs, an FFI buffer (host memory on the CPU plugin) seen as a CPU tensor
-// without a copy, the OpenMP team size of the kernels a handler runs, and run_tasks (a handler's
-// GEMMs on two threads without an OpenMP team). Include only under
+// without a copy, ATen's oneDNN matmul (onednn_matmul: float32 GEMMs, faster than MKL on this AMD
+// EPYC), the OpenMP team size of the kernels a handler runs, and run_tasks (a handler's GEMMs on two
+// threads without an OpenMP team). Include only under
 // `#if __has_include("xla/ffi/api/ffi.h")`.
 #pragma once
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/from_blob.h>
+#include <ATen/ops/ones.h>
+#include <ATen/ops/zeros.h>
 #include <c10/util/Exception.h>
 
 #include <dlfcn.h>
@@ -15,6 +18,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cstdlib>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -71,6 +75,40 @@ inline void* find_symbol(const char* name) {
     if (p) return p;
   }
   return nullptr;
+}
+
+// TORCH_TPU_HOST_GEMM_ONEDNN=0 keeps the host kernels' float32 GEMMs off oneDNN (MKL for every
+// block / group: A/B measurements, tests); read once per process.
+inline bool onednn_gemm_enabled() {
+  static const bool on = [] {
+    const char* env = std::getenv("TORCH_TPU_HOST_GEMM_ONEDNN");
+    return !(env && env[0] == '0');
+  }();
+  return on;
+}
+
+// ATen's oneDNN matmul into a given output (at::native::mkldnn_matmul(a, b, y, beta, alpha):
+// y = beta y + alpha a b, what addmm runs for bf16/f16; TORCH_API, its header not installed). It
+// writes into strided output views (no result copy, unlike mkldnn::_linear_pointwise) and takes a /
+// b dense or transposed (other strides it copies first). Found by its mangled name at run time,
+// after a probe on 2x2 (float32 needs the AVX-512 oneDNN check; a torch without oneDNN throws);
+// null where it fails or onednn_gemm_enabled() is false.
+using OnednnMatmul = void (*)(const at::Tensor&, const at::Tensor&, const at::Tensor&, float, float);
+inline OnednnMatmul onednn_matmul() {
+  static const OnednnMatmul fn = []() -> OnednnMatmul {
+    if (!onednn_gemm_enabled()) return nullptr;
+    auto f = reinterpret_cast<OnednnMatmul>(find_symbol("_ZN2at6native13mkldnn_matmulERKNS_6TensorES3_S3_ff"));
+    if (!f) return nullptr;
+    try {
+      const at::Tensor a = at::ones({2, 2}), y = at::zeros({2, 2});
+      f(a, a, y, 0.0f, 1.0f);
+      const float* p = y.const_data_ptr<float>();
+      return p[0] == 2.0f && p[3] == 2.0f ? f : nullptr;
+    } catch (const std::exception&) {
+      return nullptr;
+    }
+  }();
+  return fn;
 }
 
 // `n` threads for this thread's ATen GEMMs and convolutions during a scope: MKL's per-thread

@@ -71,8 +71,7 @@ using LinearFn = at::Tensor(const at::Tensor&, const at::Tensor&, const std::opt
 const c10::TypedOperatorHandle<LinearFn>* onednn_linear() {
   static const std::optional<c10::TypedOperatorHandle<LinearFn>> op =
       []() -> std::optional<c10::TypedOperatorHandle<LinearFn>> {
-    const char* env = std::getenv("TORCH_TPU_HOST_GEMM_ONEDNN");
-    if (env && env[0] == '0') return std::nullopt;
+    if (!ffi_buffers::onednn_gemm_enabled()) return std::nullopt;
     try {
       auto h = c10::Dispatcher::singleton().findSchema({"mkldnn::_linear_pointwise", ""});
       if (!h || !h->hasKernelForDispatchKey(c10::DispatchKey::CPU)) return std::nullopt;

@@ -4,8 +4,9 @@
 // The ragged dot at MoE decode sizes is bound by the GEMM, and XLA:CPU's dot is 2.7-5x slower
 // than oneDNN/MKL there (no XLA flag changes that; measured in benchmarks/bench_grouped_mm.py).
 // These handlers run inside the program, on the plugin's buffers, which are host memory: each
-// group's rows are multiplied into its rows of the output (no copy) by the BLAS sgemm ATen's mm
-// uses (float32, called directly), ATen's CPU GEMM (oneDNN, AMX for bf16) or MKL's mixed GEMMs
+// group's rows are multiplied into its rows of the output (no copy) by oneDNN's matmul (float32
+// groups of >= 2^20 MACs) or the BLAS sgemm ATen's mm uses (smaller float32 groups, called
+// directly), ATen's CPU GEMM (oneDNN, AMX for bf16) or MKL's mixed GEMMs
 // (bf16/f16 on CPUs where ATen has no fast kernel for them), split over threads without an OpenMP
 // barrier (run_tasks, ffi_common.h). They read the group sizes / offsets from a device buffer
 // that is ready when the call runs, so nothing syncs with the host and the op stays one node of
@@ -45,6 +46,7 @@ namespace {
 namespace ffi = xla::ffi;
 
 using ffi_buffers::find_symbol;
+using ffi_buffers::OnednnMatmul;
 using ffi_buffers::wrap;
 
 // Each group's end row, from the int32/int64 `groups` operand as the op passed it (no conversion
@@ -197,14 +199,38 @@ bool direct_mm(Sgemm fn, float* y, int64_t ldy, const Block& a, const Block& b) 
   return true;
 }
 
+// float32 groups through oneDNN's matmul (ffi_common.h's onednn_matmul) instead of MKL's sgemm: on
+// this machine's AMD EPYC (Zen 5, AVX-512) MKL runs generic kernels. One thread, group products of
+// the benchmark's shape, CPU ms per call (load ~6): forward [m,512]x[512,1024] m=4 0.126 vs 0.076,
+// m=16 0.265 vs 0.124, m=30 0.376 vs 0.186; weight gradient [512,m]x[m,1024] m=2..8 0.34-0.35 vs
+// 0.10, m=16 0.209 vs 0.093. Its fixed cost (~13 us: an 8x8x8 product takes 0.013 ms vs MKL's
+// 0.001) loses on small products and single rows (MKL's gemv / rank-1 update: m=1 forward 0.029
+// vs 0.075, weight gradient 0.029 vs 0.104; forward m=2 0.056 vs 0.075, m=3 a tie), so those stay
+// on sgemm. oneDNN takes whole groups as tasks (it would copy a column block of a [K,N] weight):
+// the groups go largest first, so the two threads' shares stay even.
+constexpr int64_t kOnednnMacs = int64_t{1} << 20, kOnednnRowsForward = 4, kOnednnRowsWgrad = 2;
+
+// The float32 oneDNN matmul unless TORCH_TPU_HOST_GEMM=aten / _ONEDNN=0 or the type is not float32.
+OnednnMatmul float_onednn(c10::ScalarType t) {
+  return t == c10::kFloat && !aten_gemm_forced() ? ffi_buffers::onednn_matmul() : nullptr;
+}
+
+// Groups 0..g-1 by row count, largest first (task order when whole groups are the tasks).
+std::vector<int64_t> largest_first(std::vector<int64_t> groups, const std::vector<int64_t>& ends) {
+  const auto rows = [&](int64_t i) { return ends[i] - (i ? ends[i - 1] : 0); };
+  std::stable_sort(groups.begin(), groups.end(), [&](int64_t x, int64_t y) { return rows(x) > rows(y); });
+  return groups;
+}
+
 // Column parts per group: one per thread when the output is wide enough (>= 128 columns a part),
 // in multiples of 64 columns. Cutting N keeps the tasks equal whatever the group sizes; each
 // output element is still one dot product over K, so the result is the per-group mm's, bit for bit.
 // bfloat16/float16 GEMMs that ATen runs through oneDNN (not mixed_gemm's) pay its setup, ~20 us a
-// call (a [16,512]x[512,512] bf16 mm takes ~43 us on an AMX Xeon): with at least two non-empty groups per thread, whole groups are the tasks
-// (A/B at load 4-5, decode batch 64 shape: median 1.5-3.5 ms vs 2.4-4.5 ms with column halves).
-int64_t column_parts(int64_t n, int64_t threads, int64_t groups, bool reduced) {
-  if (reduced && groups >= 2 * threads) return 1;
+// call (a [16,512]x[512,512] bf16 mm takes ~43 us on an AMX Xeon): with at least two non-empty
+// groups per thread, whole groups are the tasks (A/B at load 4-5, decode batch 64 shape: median
+// 1.5-3.5 ms vs 2.4-4.5 ms with column halves); so too for float32 groups on oneDNN (above).
+int64_t column_parts(int64_t n, int64_t threads, int64_t groups, bool whole_groups) {
+  if (whole_groups && groups >= 2 * threads) return 1;
   return std::max<int64_t>(1, std::min<int64_t>(threads, n / 128));
 }
 
@@ -241,13 +267,20 @@ ffi::Error ragged_dot(ffi::AnyBuffer lhs, ffi::AnyBuffer rhs, ffi::AnyBuffer gro
       if (e[i] > (i ? e[i - 1] : 0)) used.push_back(i);
     const int64_t threads = gemm_threads(m * a.size(1) * n);
     const MixedGemm mixed = mixed_gemm(a.scalar_type());
-    const int64_t parts =
-        column_parts(n, threads, static_cast<int64_t>(used.size()), a.element_size() < 4 && !mixed);
+    const OnednnMatmul onednn = float_onednn(a.scalar_type());
+    const int64_t parts = column_parts(n, threads, static_cast<int64_t>(used.size()),
+                                       (a.element_size() < 4 && !mixed) || onednn);
+    if (parts == 1) used = largest_first(std::move(used), e);
     const int64_t k = a.size(1);
     const Sgemm direct = a.scalar_type() == c10::kFloat ? direct_sgemm() : nullptr;
     run_tasks(static_cast<int64_t>(used.size()) * parts, threads, [&](int64_t t) {
-      const int64_t i = used[t / parts], r0 = i ? e[i - 1] : 0;
+      const int64_t i = used[t / parts], r0 = i ? e[i - 1] : 0, rows = e[i] - r0;
       const auto [c0, c1] = part_columns(n, parts, t % parts);
+      if (onednn && rows >= kOnednnRowsForward && rows * k * (c1 - c0) >= kOnednnMacs) {
+        at::Tensor wi = w.select(0, i);
+        wi = rhs_col_major ? wi.narrow(0, c0, c1 - c0).t() : wi.narrow(1, c0, c1 - c0);
+        return onednn(a.narrow(0, r0, rows), wi, y.narrow(0, r0, rows).narrow(1, c0, c1 - c0), 0.0f, 1.0f);
+      }
       if (direct) {  // the operands are dense buffers: blocks by pointer arithmetic
         const float* wp = static_cast<const float*>(w.data_ptr()) + i * n * k;
         const Block bi = rhs_col_major ? Block{wp + c0 * k, k, c1 - c0, 1, k} : Block{wp + c0, k, c1 - c0, n, 1};
@@ -280,15 +313,23 @@ ffi::Error ragged_dot_wgrad(ffi::AnyBuffer lhs, ffi::AnyBuffer grad, ffi::AnyBuf
     TORCH_CHECK(static_cast<int64_t>(groups.element_count()) == g, "group count mismatch");
     const std::vector<int64_t> e = group_ends(groups, group_sizes != 0, m);
     int64_t used = 0;
-    for (int64_t i = 0; i < g; ++i) used += e[i] > (i ? e[i - 1] : 0);
+    std::vector<int64_t> order(g);  // every group: an empty one's gradient is zeroed
+    for (int64_t i = 0; i < g; ++i) used += e[i] > (i ? e[i - 1] : 0), order[i] = i;
     const int64_t threads = gemm_threads(m * a.size(1) * n);
     const MixedGemm mixed = mixed_gemm(a.scalar_type());
-    const int64_t parts = column_parts(n, threads, used, a.element_size() < 4 && !mixed);
+    const OnednnMatmul onednn = float_onednn(a.scalar_type());
+    const int64_t parts = column_parts(n, threads, used, (a.element_size() < 4 && !mixed) || onednn);
+    if (parts == 1) order = largest_first(std::move(order), e);
     const int64_t k = a.size(1);
     const Sgemm direct = a.scalar_type() == c10::kFloat ? direct_sgemm() : nullptr;
     run_tasks(g * parts, threads, [&](int64_t t) {
-      const int64_t i = t / parts, r0 = i ? e[i - 1] : 0;
+      const int64_t i = order[t / parts], r0 = i ? e[i - 1] : 0, rows = e[i] - r0;
       const auto [c0, c1] = part_columns(n, parts, t % parts);
+      if (onednn && rows >= kOnednnRowsWgrad && rows * k * (c1 - c0) >= kOnednnMacs) {
+        // lhs^T [K, rows] is a transposed dense view (oneDNN takes it as is); grad's rows likewise
+        return onednn(a.narrow(0, r0, rows).t(), d.narrow(0, r0, rows).narrow(1, c0, c1 - c0),
+                      y.select(0, i).narrow(1, c0, c1 - c0), 0.0f, 1.0f);
+      }
       if (direct && e[i] > r0) {  // lhs^T by the transpose flag: [K, rows] with strides (1, K)
         const Block ai{static_cast<const float*>(a.data_ptr()) + r0 * k, k, e[i] - r0, 1, k};
         const Block di{static_cast<const float*>(d.data_ptr()) + r0 * n + c0, e[i] - r0, c1 - c0, n, 1};
