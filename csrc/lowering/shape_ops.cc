@@ -165,7 +165,7 @@ TPU_LOWER(flip) {
   return {b.reverse(x, dims)};
 }
 
-TPU_LOWER(roll) {
+TPU_LOWER_COMPLEX(roll) {  // slices + concatenate: complex values move like any other (fftshift)
   Value x = c.tensor("self");
   const auto& shifts = c.ints("shifts");
   std::vector<int64_t> dims = c.has("dims") ? c.ints("dims") : std::vector<int64_t>{};
