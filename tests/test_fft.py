@@ -57,6 +57,8 @@ def test_sizes_many_dims_and_float64(mode: str) -> None:
     _check(lambda t: torch.fft.rfft(t, n=4), x)  # cropped
     _check(lambda t: torch.fft.irfft(t, n=9), z)
     _check(lambda t: torch.fft.ifft(t, n=5), z)
+    _check(lambda t: torch.fft.fftn(t, s=(6, 5)), z)  # complex constant_pad_nd / slice
+    _check(lambda t: torch.nn.functional.pad(t, (1, -2, 0, 1), value=1.5), z, tol=0)
     x4 = torch.randn(2, 3, 4, 5)
     _check(lambda t: torch.fft.fftn(t, dim=(1, 2, 3)), x4.to(torch.complex64))  # 4-D, 3 dims
     _check(lambda t: torch.fft.rfftn(t, dim=(0, 2, 3)), x4)
