@@ -138,3 +138,19 @@ def test_half_precision_matches_cpu_error() -> None:
     with pytest.raises(RuntimeError) as tpu_err:
         torch.fft.rfft(x.to(TPU))
     assert str(tpu_err.value).splitlines()[0] == str(cpu_err.value).splitlines()[0]
+
+
+def test_tiny_fnet_forward() -> None:
+    transformers = pytest.importorskip("transformers")
+    torch_tpu.reset_fallback_stats()
+    torch.manual_seed(6)
+    cfg = transformers.FNetConfig(
+        vocab_size=100, hidden_size=32, num_hidden_layers=2, intermediate_size=64, max_position_embeddings=64
+    )
+    model = transformers.FNetModel(cfg).eval()
+    ids = torch.randint(0, 100, (2, 16))
+    with torch.no_grad():
+        want = model(ids).last_hidden_state
+        got = model.to(TPU)(ids.to(TPU)).last_hidden_state.cpu()
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    assert torch_tpu.fallback_stats() == {}, torch_tpu.fallback_stats()
