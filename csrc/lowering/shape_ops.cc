@@ -165,7 +165,7 @@ TPU_LOWER(flip) {
   return {b.reverse(x, dims)};
 }
 
-TPU_LOWER(roll) {
+TPU_LOWER_COMPLEX(roll) {  // slices + concatenate: complex values move like any other (fftshift)
   Value x = c.tensor("self");
   const auto& shifts = c.ints("shifts");
   std::vector<int64_t> dims = c.has("dims") ? c.ints("dims") : std::vector<int64_t>{};
@@ -254,7 +254,7 @@ TPU_LOWER(diag_embed) {
 }
 
 // ---------------------------------------------------------------- padding
-TPU_LOWER(constant_pad_nd) {
+TPU_LOWER_COMPLEX(constant_pad_nd) {  // complex too: fftn(s=...) pads its input
   Value x = c.tensor("self");
   const auto& pad = c.ints("pad");
   if (pad.size() % 2) throw Unsupported("constant_pad_nd: odd pad length");
