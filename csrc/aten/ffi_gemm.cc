@@ -92,7 +92,10 @@ void block_gemm(at::Tensor y, const at::Tensor& c, const at::Tensor& x, const at
   // 1.0-1.2 ms vs 2.0-2.8 ms wall). A bias (beta = alpha = 1, c broadcast over rows) goes with it.
   // The op returns a new tensor: the copy into the block costs ~2% of compiled prefill's samples.
   const bool bias = has_c && alpha == 1.0 && beta == 1.0 && c.stride(0) == 0;
-  if (y.dim() == 2 && (!has_c || bias) && alpha == 1.0) {
+  // Only dense operands (row- or column-major): a column block of a wider operand is neither, and
+  // oneDNN then runs its reference inner product (a training step's lm_head backward took minutes).
+  auto dense = [](const at::Tensor& t) { return t.is_contiguous() || t.t().is_contiguous(); };
+  if (y.dim() == 2 && (!has_c || bias) && alpha == 1.0 && dense(x) && dense(w)) {
     if (const auto* lin = onednn_linear()) {
       std::optional<at::Tensor> b;
       if (bias) b = c.select(0, 0).contiguous();
