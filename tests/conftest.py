@@ -96,3 +96,15 @@ def assert_same(got: Any, exp: Any, tol: dict[str, float] | None = None,
         torch.testing.assert_close(got, exp, equal_nan=True, **tol)
     else:
         assert torch.equal(got, exp), (got, exp)
+
+
+@pytest.fixture(params=["strict", "fused"])
+def strict_or_fused(request: pytest.FixtureRequest) -> Iterator[str]:
+    """Runs the test in strict and in fused eager; it fails if any op took the CPU fallback."""
+    torch_tpu.reset_fallback_stats()
+    if request.param == "fused":
+        with torch_tpu.set_eager_mode(torch_tpu.EagerMode.DEFER_AND_FUSE):
+            yield request.param
+    else:
+        yield request.param
+    assert torch_tpu.fallback_stats() == {}, torch_tpu.fallback_stats()

@@ -4,25 +4,18 @@ eager and under torch.compile, gradients, and writes through the view_as_real / 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import pytest
 import torch
 import torch_tpu
-from torch_tpu import EagerMode, set_eager_mode
 
 TPU = torch.device("tpu")
 
 
-@pytest.fixture(params=["strict", "fused"])
-def mode(request: pytest.FixtureRequest) -> Iterator[str]:
-    torch_tpu.reset_fallback_stats()
-    if request.param == "fused":
-        with set_eager_mode(EagerMode.DEFER_AND_FUSE):
-            yield request.param
-    else:
-        yield request.param
-    assert torch_tpu.fallback_stats() == {}, torch_tpu.fallback_stats()
+@pytest.fixture
+def mode(strict_or_fused: str) -> str:  # conftest: each test in strict and fused eager, no fallback
+    return strict_or_fused
 
 
 def _c(*shape: int, dtype: torch.dtype = torch.complex64) -> torch.Tensor:

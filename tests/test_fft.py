@@ -4,26 +4,19 @@ fftshift round trips, stft/istft, gradients, fused eager and torch.compile — n
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import pytest
 import torch
 import torch_tpu
-from torch_tpu import EagerMode, set_eager_mode
 
 TPU = torch.device("tpu")
 NORMS = (None, "ortho", "forward")
 
 
-@pytest.fixture(params=["strict", "fused"])
-def mode(request: pytest.FixtureRequest) -> Iterator[str]:
-    torch_tpu.reset_fallback_stats()
-    if request.param == "fused":
-        with set_eager_mode(EagerMode.DEFER_AND_FUSE):
-            yield request.param
-    else:
-        yield request.param
-    assert torch_tpu.fallback_stats() == {}, torch_tpu.fallback_stats()
+@pytest.fixture
+def mode(strict_or_fused: str) -> str:  # conftest: each test in strict and fused eager, no fallback
+    return strict_or_fused
 
 
 def _check(fn: Callable[..., torch.Tensor], *args: torch.Tensor, tol: float = 2e-5) -> None:
