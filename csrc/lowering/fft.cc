@@ -15,11 +15,6 @@ namespace {
 // ATen's fft_norm_mode (aten/src/ATen/native/SpectralOpsUtils.h).
 enum class Norm : int64_t { None = 0, ByRootN = 1, ByN = 2 };
 
-std::string i64_array(const std::vector<int64_t>& v) {
-  std::string s = "array<i64: ";
-  for (size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + std::to_string(v[i]);
-  return s + ">";
-}
 
 // One stablehlo.fft over the innermost `lengths.size()` (1-3) dims of x.
 Value fft_inner(Builder& b, Value x, const char* kind, const std::vector<int64_t>& lengths) {
@@ -35,7 +30,7 @@ Value fft_inner(Builder& b, Value x, const char* kind, const std::vector<int64_t
     out[r - 1] = lengths.back();
   }
   return b.op("fft", {x}, Type{elem, out},
-              "fft_type = #stablehlo<fft_type " + k + ">, fft_length = " + i64_array(lengths));
+              "fft_type = #stablehlo<fft_type " + k + ">, fft_length = " + Builder::dense_array(lengths));
 }
 
 // The call's dims (normalized, checked) and the permutation moving them, in order, to the end.
@@ -60,15 +55,6 @@ Layout layout(const OpCall& c, int64_t rank) {
   return l;
 }
 
-bool identity(const std::vector<int64_t>& perm) {
-  for (size_t i = 0; i < perm.size(); ++i)
-    if (perm[i] != static_cast<int64_t>(i)) return false;
-  return true;
-}
-
-Value permute(Builder& b, Value x, const std::vector<int64_t>& perm) {
-  return identity(perm) ? x : b.transpose(x, perm);
-}
 
 // Sizes of dims [from, to) of shape.
 std::vector<int64_t> tail(const Shape& s, size_t from, size_t to) {
@@ -109,9 +95,9 @@ Value c2c_dims(Builder& b, Value x, size_t from, size_t to, bool forward) {
       if (d < start || d >= end) perm.push_back(static_cast<int64_t>(d));
     for (size_t d = start; d < end; ++d) perm.push_back(static_cast<int64_t>(d));
     for (size_t i = 0; i < r; ++i) inv[perm[i]] = static_cast<int64_t>(i);
-    Value y = permute(b, x, perm);
+    Value y = b.transpose(x, perm);
     y = fft_inner(b, y, forward ? "FFT" : "IFFT", tail(y.shape(), r - (end - start), r));
-    x = permute(b, y, inv);
+    x = b.transpose(y, inv);
   }
   return x;
 }
@@ -129,11 +115,11 @@ TPU_LOWER_COMPLEX(_fft_c2c) {
   const Layout l = layout(c, x.rank());
   if (l.dims.empty()) return {x};
   const bool forward = c.bool_("forward");
-  Value y = permute(b, x, l.perm);
+  Value y = b.transpose(x, l.perm);
   const size_t r = y.shape().size(), first = r - l.dims.size();
   const double n = numel_of(y.shape(), first);
   y = c2c_dims(b, y, first, r, forward);
-  return {permute(b, scale(b, y, factor(c, n, !forward)), l.inverse)};
+  return {b.transpose(scale(b, y, factor(c, n, !forward)), l.inverse)};
 }
 
 TPU_LOWER_COMPLEX(_fft_r2c) {
@@ -141,7 +127,7 @@ TPU_LOWER_COMPLEX(_fft_r2c) {
   check_elem(c, x.elem(), false);
   const Layout l = layout(c, x.rank());
   if (l.dims.empty()) throw Unsupported("_fft_r2c: no dims");
-  Value y = permute(b, x, l.perm);
+  Value y = b.transpose(x, l.perm);
   const size_t r = y.shape().size(), first = r - l.dims.size();
   const double n = numel_of(y.shape(), first);
   if (!c.bool_("onesided")) {
@@ -155,7 +141,7 @@ TPU_LOWER_COMPLEX(_fft_r2c) {
     y = fft_inner(b, y, "RFFT", tail(y.shape(), rstart, r));
     y = c2c_dims(b, y, first, rstart, true);
   }
-  return {permute(b, scale(b, y, factor(c, n, false)), l.inverse)};
+  return {b.transpose(scale(b, y, factor(c, n, false)), l.inverse)};
 }
 
 TPU_LOWER_COMPLEX(_fft_c2r) {
@@ -164,7 +150,7 @@ TPU_LOWER_COMPLEX(_fft_c2r) {
   const Layout l = layout(c, x.rank());
   if (l.dims.empty()) throw Unsupported("_fft_c2r: no dims");
   const int64_t last = c.int_("last_dim_size");
-  Value y = permute(b, x, l.perm);
+  Value y = b.transpose(x, l.perm);
   const size_t r = y.shape().size(), first = r - l.dims.size();
   // The real signal's sizes: the halved last dim becomes last_dim_size.
   Shape signal = y.shape();
@@ -176,7 +162,7 @@ TPU_LOWER_COMPLEX(_fft_c2r) {
   y = c2c_dims(b, y, first, rstart, false);
   // Both XLA inverses divide by their lengths, together by n.
   y = fft_inner(b, y, "IRFFT", tail(signal, rstart, r));
-  return {permute(b, scale(b, y, factor(c, n, true)), l.inverse)};
+  return {b.transpose(scale(b, y, factor(c, n, true)), l.inverse)};
 }
 
 }  // namespace tpu::lowering
